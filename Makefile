@@ -1,0 +1,59 @@
+# The two commands a learner or instructor needs: `make lab` and `make test`.
+# Both create .venv if missing and install everything into it first.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# Which PyTorch build to install. With no NVIDIA GPU (no nvidia-smi) the default is the CPU
+# build torch==2.13.0; with one, the newest CUDA build from PyPI. Override, for example:
+#   make lab TORCH_SPEC="torch==2.5.1" TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+ifeq ($(shell command -v nvidia-smi 2>/dev/null),)
+TORCH_SPEC ?= torch==2.13.0
+else
+TORCH_SPEC ?= torch>=2.3
+endif
+TORCH_PIP_ARGS ?=
+
+NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg -p no:cacheprovider
+JOBS ?= 2
+
+.PHONY: lab test unit notebooks lint execute render bench clean install
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, so that requirements.txt (torch>=2.3) finds it and pulls no CUDA packages
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
+	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install --no-deps -e .
+	touch $(STAMP)
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks
+
+test: $(STAMP) lint unit notebooks
+
+lint: $(STAMP)
+	$(PY) -m ruff check helpers tests benchmarks
+
+unit: $(STAMP)
+	$(PY) -m pytest tests -q
+
+# Outputs are recorded on CPU, so nbval compares on CPU too, two notebooks at a time.
+notebooks: $(STAMP)
+	COURSE_DEVICE=cpu $(PY) -m pytest $(NBVAL_ARGS) -n $(JOBS) --dist loadscope notebooks -q
+
+execute: $(STAMP)
+	COURSE_DEVICE=cpu $(PY) tests/nbtools.py execute
+
+render: $(STAMP)
+	$(PY) tests/nbtools.py render
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

@@ -1,0 +1,5 @@
+"""Exercise checks of lesson 09 (each one prints a single line and returns True or False)."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,84 @@
+"""Where the course runs and how it measures time (lessons 00 and 09)."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+def get_device() -> torch.device:
+    """CUDA if available, then Apple MPS, then CPU; COURSE_DEVICE=cpu|cuda|mps overrides (lesson 00)."""
+    wanted = os.environ.get("COURSE_DEVICE", "").strip().lower()
+    if wanted:
+        kind = wanted.split(":")[0]
+        if kind not in ("cpu", "cuda", "mps"):
+            raise ValueError(f"COURSE_DEVICE={wanted!r} is not one of 'cpu', 'cuda', 'cuda:N', 'mps'")
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"COURSE_DEVICE={wanted!r} but torch finds no CUDA GPU here")
+        if kind == "mps" and not _mps_available():
+            raise RuntimeError(f"COURSE_DEVICE={wanted!r} but Apple MPS is not available here")
+        return torch.device(wanted)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if _mps_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, numpy and torch (every device) so a lesson reruns identically (lesson 00)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA and MPS device
+
+
+def synchronize(device=None) -> None:
+    """Wait until queued GPU work is finished, so a timer sees it (lesson 09)."""
+    device = torch.device(device) if device is not None else get_device()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Result of `benchmark`: the median and interquartile range of one call, in seconds."""
+
+    median_s: float
+    iqr_s: float
+    runs: int
+
+    def __str__(self) -> str:
+        return f"{self.median_s * 1e3:.3f} ms (IQR {self.iqr_s * 1e3:.3f} ms, {self.runs} runs)"
+
+
+def benchmark(fn, *args, warmup: int = 3, min_run_time: float = 0.2, device=None, **kwargs) -> Timing:
+    """Time fn(*args, **kwargs) after warm-up calls, synchronising the GPU around each block (lesson 09)."""
+    from torch.utils import benchmark as tbench
+
+    if warmup < 0 or min_run_time <= 0:
+        raise ValueError(f"warmup must be >= 0 and min_run_time > 0, got {warmup}, {min_run_time}")
+    device = torch.device(device) if device is not None else get_device()
+    for _ in range(warmup):  # first calls pay for allocation, kernel selection, caches
+        fn(*args, **kwargs)
+    synchronize(device)
+
+    def call():
+        fn(*args, **kwargs)
+        if device.type == "mps":  # torch.utils.benchmark synchronises CUDA itself, not MPS
+            torch.mps.synchronize()
+
+    m = tbench.Timer(stmt="call()", globals={"call": call}).blocked_autorange(min_run_time=min_run_time)
+    return Timing(median_s=m.median, iqr_s=m.iqr, runs=len(m.times))

@@ -1,0 +1,102 @@
+"""Pictures of attention: labelled heatmaps, a grid of heads, curves (used from lesson 01 on)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _as_numpy(x) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().to("cpu").float().numpy()
+    return np.asarray(x, dtype=float)
+
+
+def attention_heatmap(weights, query_labels=None, key_labels=None, ax=None, title=None,
+                      colorbar=True):
+    """Draw a (T, S) attention-weight matrix with token labels: rows queries, columns keys (lesson 02)."""
+    import matplotlib.pyplot as plt
+
+    w = _as_numpy(weights)
+    if w.ndim != 2:
+        raise ValueError(f"weights must be 2-D (T, S), got shape {w.shape}; pick one head/item first")
+    T, S = w.shape
+    for name, labels, n in (("query_labels", query_labels, T), ("key_labels", key_labels, S)):
+        if labels is not None and len(labels) != n:
+            raise ValueError(f"{name} has {len(labels)} labels but weights have {n} along that axis")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.45 * S + 2.0, 0.45 * T + 1.5))
+    image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=max(1e-12, float(w.max())), aspect="auto")
+    ax.set_xticks(range(S), key_labels if key_labels is not None else range(S),
+                  rotation=90 if key_labels is not None else 0)
+    ax.set_yticks(range(T), query_labels if query_labels is not None else range(T))
+    ax.set_xlabel("key position (attended to)")
+    ax.set_ylabel("query position (attending)")
+    ax.set_title(title or "attention weights")
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    return ax
+
+
+def heads_grid(weights, query_labels=None, key_labels=None, ncols=4, title=None):
+    """One heatmap panel per head for weights (H, T, S); returns the figure (lesson 04)."""
+    import matplotlib.pyplot as plt
+
+    w = _as_numpy(weights)
+    if w.ndim != 3:
+        raise ValueError(f"weights must be 3-D (H, T, S), got shape {w.shape}; pick one batch item")
+    H = w.shape[0]
+    ncols = min(ncols, H)
+    nrows = math.ceil(H / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 3.0 * nrows), squeeze=False)
+    for h, ax in enumerate(axes.flat):
+        if h < H:
+            attention_heatmap(w[h], query_labels, key_labels, ax=ax, title=f"head {h}", colorbar=False)
+        else:
+            ax.axis("off")
+    fig.suptitle(title or "attention weights, one panel per head")
+    fig.tight_layout()
+    return fig
+
+
+def plot_curves(curves, xlabel, ylabel, title, ax=None, x=None, logx=False, logy=False,
+                marker=None):
+    """Plot named curves {label: values} on one titled, labelled axis (used by every lesson)."""
+    import matplotlib.pyplot as plt
+
+    if not curves:
+        raise ValueError("curves is empty: pass {label: sequence of values}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    for label, values in curves.items():
+        y = _as_numpy(values)
+        xs = np.arange(len(y)) if x is None else _as_numpy(x)
+        if len(xs) != len(y):
+            raise ValueError(f"curve {label!r} has {len(y)} values but x has {len(xs)}")
+        ax.plot(xs, y, label=label, marker=marker)
+    ax.set_xscale("log" if logx else "linear")
+    ax.set_yscale("log" if logy else "linear")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return ax
+
+
+def encoding_image(pe, ax=None, title="sinusoidal positional encoding"):
+    """Show a (length, d_model) positional encoding as an image: rows positions, columns features (lesson 06)."""
+    import matplotlib.pyplot as plt
+
+    pe = _as_numpy(pe)
+    if pe.ndim != 2:
+        raise ValueError(f"pe must be 2-D (length, d_model), got shape {pe.shape}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4))
+    image = ax.imshow(pe, cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
+    ax.set_xlabel("feature (even: sin, odd: cos)")
+    ax.set_ylabel("position")
+    ax.set_title(title)
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    return ax

@@ -1,0 +1,83 @@
+"""A plain training loop with a progress bar, and the accuracies the lessons report (lesson 01 on)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+
+def _progress(total: int, desc: str):
+    # COURSE_PROGRESS=text (set by `make execute`) writes a plain text bar, which a committed
+    # notebook can show; otherwise tqdm.auto picks a widget in Jupyter and text elsewhere.
+    if os.environ.get("COURSE_PROGRESS", "").lower() == "text":
+        from tqdm.std import tqdm
+
+        return tqdm(total=total, desc=desc, mininterval=2.0, ascii=True)
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc)
+
+
+def train(loss_fn, optimizer, get_batch, steps: int, desc: str = "training",
+          clip_grad_norm: float | None = 1.0, scheduler=None, log_every: int = 1) -> list[float]:
+    """Run ``steps`` optimiser steps of ``loss_fn(get_batch(step))``; return the loss history (lesson 01).
+
+    ``loss_fn(batch)`` computes a scalar loss with the model in train mode (the caller's closure);
+    ``get_batch(step)`` returns the batch for that step. Gradients are clipped to
+    ``clip_grad_norm`` (None: no clipping). Returns one float per step.
+    """
+    if steps <= 0:
+        raise ValueError(f"steps must be positive, got {steps}")
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    history: list[float] = []
+    with _progress(steps, desc) as bar:
+        for step in range(steps):
+            loss = loss_fn(get_batch(step))
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss.item()} at step {step}")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            history.append(loss.item())
+            bar.update(1)
+            if step % log_every == 0 or step == steps - 1:
+                bar.set_postfix(loss=f"{history[-1]:.4f}", refresh=False)
+    return history
+
+
+def sequence_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int | None = None):
+    """Mean cross-entropy of logits (B, T, V) against token ids (B, T), skipping ``pad_id`` (lesson 01)."""
+    if logits.dim() != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError(
+            f"logits must be (B, T, V) and targets (B, T); got {tuple(logits.shape)} and "
+            f"{tuple(targets.shape)}"
+        )
+    ignore = -100 if pad_id is None else pad_id
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                           ignore_index=ignore)
+
+
+def _check_pair(pred, target):
+    if pred.shape != target.shape:
+        raise ValueError(f"pred and target must have the same shape, got {tuple(pred.shape)} "
+                         f"and {tuple(target.shape)}")
+
+
+def token_accuracy(pred: torch.Tensor, target: torch.Tensor, pad_id: int | None = None) -> float:
+    """Fraction of non-pad target tokens predicted correctly; pred, target (B, T) ids (lesson 01)."""
+    _check_pair(pred, target)
+    keep = torch.ones_like(target, dtype=torch.bool) if pad_id is None else target != pad_id
+    return ((pred == target) & keep).sum().item() / max(1, keep.sum().item())
+
+
+def exact_match(pred: torch.Tensor, target: torch.Tensor, pad_id: int | None = None) -> float:
+    """Fraction of sequences whose every non-pad token is right; pred, target (B, T) ids (lesson 01)."""
+    _check_pair(pred, target)
+    keep = torch.ones_like(target, dtype=torch.bool) if pad_id is None else target != pad_id
+    return ((pred == target) | ~keep).all(dim=1).float().mean().item()

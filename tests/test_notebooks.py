@@ -1,0 +1,137 @@
+"""Structure of every notebook: skeleton, identical setup cell, normal form, derive-then-import."""
+
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import nbtools  # noqa: E402
+
+LESSONS = sorted(nbtools.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+SOLUTIONS = sorted(nbtools.SOLUTIONS.glob("[0-9][0-9]_*.ipynb"))
+ALL = LESSONS + SOLUTIONS
+
+# The lesson that derives each helper; a notebook may import it only from that lesson on.
+DERIVED_IN = {
+    "helpers.device": 0, "helpers.plot": 0, "helpers.checks": 0,
+    "helpers.rnn": 1, "helpers.data": 1, "helpers.train": 1,
+    "helpers.attention.AdditiveAttention": 1,
+    "helpers.attention.scaled_dot_product_attention": 2,
+    "helpers.attention.softmax": 3,
+    "helpers.attention.MultiHeadAttention": 4,
+    "helpers.masks": 5,
+    "helpers.positional": 6,
+    "helpers.transformer": 7,
+    "helpers.transformer.Transformer": 8, "helpers.transformer.Encoder": 8,
+    "helpers.transformer.Decoder": 8, "helpers.transformer.DecoderLayer": 8,
+    "helpers.transformer.greedy_decode": 8, "helpers.transformer.beam_search": 8,
+}
+
+
+def cells(path):
+    return json.loads(path.read_text())["cells"]
+
+
+def text(cell):
+    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+
+
+def rel(path):
+    return path.relative_to(nbtools.ROOT).as_posix()
+
+
+def test_there_are_lessons_and_each_has_solutions():
+    assert LESSONS, "no lesson notebooks found in notebooks/"
+    for lesson in LESSONS:
+        solution = nbtools.SOLUTIONS / (lesson.stem + "_solutions.ipynb")
+        assert solution.exists(), f"{rel(lesson)} has no solutions notebook {rel(solution)}"
+
+
+@pytest.mark.parametrize("path", ALL, ids=rel)
+def test_title_badge_and_setup_cell(path):
+    cs = cells(path)
+    first = text(cs[0])
+    assert cs[0]["cell_type"] == "markdown" and first.startswith("# "), "first cell must be a # title"
+    assert nbtools.badge(rel(path)) in first, "Colab badge missing or stale (run nbtools.py render)"
+    assert cs[1]["cell_type"] == "code" and text(cs[1]) == nbtools.setup_source(), (
+        "second cell must be the generated setup cell (run nbtools.py render)")
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=rel)
+def test_lesson_skeleton(path):
+    cs = cells(path)
+    goals = re.search(r"learning goals.*?\n((?:\s*[-*] .*\n?)+)", text(cs[0]), flags=re.I | re.S)
+    assert goals, "the title cell must list the learning goals as bullets"
+    n_goals = len(re.findall(r"^\s*[-*] ", goals.group(1), flags=re.M))
+    assert 3 <= n_goals <= 5, f"{n_goals} learning goals; the skeleton asks for 3 to 5"
+    markdown = [text(c) for c in cs if c["cell_type"] == "markdown"]
+    code = [text(c) for c in cs if c["cell_type"] == "code"]
+    assert any("seed_everything(" in c for c in code), "no seed_everything(...) call"
+    summary = [m.split("## Summary", 1)[1] for m in markdown if re.search(r"^## Summary", m, re.M)]
+    exercises = [i for i, c in enumerate(cs)
+                 if c["cell_type"] == "markdown" and re.search(r"^## Exercises", text(c), re.M)]
+    assert summary, "no '## Summary' heading"
+    bullets = len(re.findall(r"^\s*[-*] ", summary[0].split("\n## ", 1)[0], flags=re.M))
+    assert 3 <= bullets <= 6, f"summary has {bullets} bullets; the skeleton asks for 3 to 6"
+    assert exercises, "no '## Exercises' heading"
+    after = "".join(text(c) for c in cs[exercises[0]:] if c["cell_type"] == "code")
+    assert re.search(r"\bcheck_\w+\(", after), "the exercises use no helpers.checks check_*"
+
+
+@pytest.mark.parametrize("path", ALL, ids=rel)
+def test_outputs_recorded_without_errors_or_skips(path):
+    code = [c for c in cells(path) if c["cell_type"] == "code"]
+    assert any(c["outputs"] for c in code), "no outputs stored: run `make execute`"
+    for i, c in enumerate(code):
+        tags = c.get("metadata", {}).get("tags", [])
+        assert "nbval-skip" not in tags and "NBVAL_SKIP" not in text(c), f"code cell {i} is skipped"
+        errors = [o for o in c["outputs"] if o["output_type"] == "error"]
+        assert not errors, f"code cell {i} stored an error: {errors[0].get('ename')}"
+
+
+@pytest.mark.parametrize("path", ALL, ids=rel)
+def test_normalised(path):
+    assert nbtools.cmd_check([path]) == 0, f"{rel(path)} is not normalised: run nbtools.py render"
+
+
+def imported_names(source):
+    """Yield dotted names a cell imports from helpers ('helpers.masks', 'helpers.attention.softmax')."""
+    lines = [ln for ln in source.split("\n") if not ln.lstrip().startswith(("%", "!"))]
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("helpers"):
+            for alias in node.names:
+                yield f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("helpers"):
+                    yield alias.name
+
+
+def lesson_of(name):
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        key = ".".join(parts[:i])
+        if key in DERIVED_IN:
+            return DERIVED_IN[key]
+    return 0
+
+
+@pytest.mark.parametrize("path", ALL, ids=rel)
+def test_helpers_imported_only_after_the_lesson_that_derives_them(path):
+    number = int(path.name[:2])
+    for c in cells(path):
+        if c["cell_type"] != "code":
+            continue
+        for name in imported_names(text(c)):
+            assert lesson_of(name) <= number, (
+                f"{rel(path)} imports {name}, which lesson {lesson_of(name):02d} derives")
+
+
+def test_derive_map_detects_early_import():
+    assert lesson_of("helpers.masks.causal_mask") == 5
+    assert list(imported_names("from helpers.masks import causal_mask\n%matplotlib inline")) == [
+        "helpers.masks.causal_mask"]
