@@ -23,9 +23,9 @@ JOBS ?= 2
 
 install: $(STAMP)
 
+# torch goes in first, so that requirements.txt (torch>=2.3) finds it and pulls no CUDA packages.
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch first, so that requirements.txt (torch>=2.3) finds it and pulls no CUDA packages
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
 	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install --no-deps -e .
