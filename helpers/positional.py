@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from helpers._validate import require_tensor, shape_str
+
 
 def sinusoidal_encoding(length: int, d_model: int) -> torch.Tensor:
     """(length, d_model) sinusoidal encoding, Vaswani et al. 2017 section 3.5 (lesson 06).
@@ -50,3 +52,94 @@ class PositionalEncoding(nn.Module):
             raise ValueError(f"positions {offset}..{offset + T - 1} exceed max_len={self.max_len}; "
                              "build the model with a larger max_len")
         return self.dropout(x + self.pe[offset:offset + T].to(x.dtype))  # (B, T, C)
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Adds a trained (max_len, d_model) table of position vectors to embeddings (B, T, C) (lesson 06).
+
+    Row ``p`` of ``self.table`` (an ``nn.Embedding``, initialised N(0, 1)) is the vector of
+    position ``p``; there is no row for a position >= max_len.
+    """
+
+    def __init__(self, max_len: int, d_model: int):
+        super().__init__()
+        for name, n in (("max_len", max_len), ("d_model", d_model)):
+            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+                raise ValueError(f"{name} must be a positive int, got {n!r}")
+        self.max_len, self.d_model = max_len, d_model
+        self.table = nn.Embedding(max_len, d_model)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """x (B, T, C) -> x + table[offset : offset + T]; ``offset`` serves step-by-step decoding."""
+        require_tensor(x, "x", floating=True)
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {shape_str(x.shape)}")
+        T = x.shape[1]
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+        if offset + T > self.max_len:
+            raise ValueError(
+                f"positions {offset}..{offset + T - 1} exceed max_len={self.max_len}: a learned table has "
+                f"no row for a position >= {self.max_len}; build it with a larger max_len"
+            )
+        positions = torch.arange(offset, offset + T, device=x.device)  # (T,)
+        return x + self.table(positions).to(x.dtype)  # (B, T, C) + (T, C) -> (B, T, C)
+
+
+def rotary_angles(positions, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """Rotation angles positions * base^(-2i/dim), float64 of shape (*positions.shape, dim/2) (lesson 06).
+
+    ``positions`` is an int (meaning 0..positions-1) or a tensor/sequence of positions.
+    """
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0 or dim % 2:
+        raise ValueError(f"dim must be a positive even int (features rotate in pairs), got {dim!r}")
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0:
+        raise ValueError(f"base must be a positive number, got {base!r}")
+    if isinstance(positions, int) and not isinstance(positions, bool):
+        if positions <= 0:
+            raise ValueError(f"the number of positions must be positive, got {positions}")
+        positions = torch.arange(positions)
+    pos = torch.as_tensor(positions)
+    if pos.is_complex() or pos.dtype == torch.bool:
+        raise TypeError(f"positions must be integer or real, got dtype {pos.dtype}")
+    pos = pos.to(torch.float64)
+    two_i = torch.arange(0, dim, 2, dtype=torch.float64, device=pos.device)  # (dim/2,)
+    theta = float(base) ** (-two_i / dim)  # (dim/2,) one frequency per pair, as in the sinusoidal encoding
+    return pos[..., None] * theta  # (..., T, 1) * (dim/2,) -> (..., T, dim/2)
+
+
+def apply_rotary(x: torch.Tensor, positions=None, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding (RoPE, Su et al. 2021) of x (..., T, D), D even (lesson 06).
+
+    Feature pair (2i, 2i+1) at position p is rotated by the angle p * base^(-2i/D); ``positions``
+    (default 0..T-1) is a sequence of T positions or a tensor broadcastable to x.shape[:-1].
+    """
+    require_tensor(x, "x", floating=True, min_dim=2)
+    T, D = x.shape[-2], x.shape[-1]
+    if D % 2:
+        raise ValueError(
+            f"rotary embeddings rotate pairs of features, so the last dimension D of x must be even; "
+            f"got x of shape {shape_str(x.shape)} (D={D})"
+        )
+    if positions is None:
+        positions = torch.arange(T, device=x.device)
+    pos = torch.as_tensor(positions, device=x.device)
+    if pos.dim() == 0 or pos.shape[-1] != T:
+        raise ValueError(
+            f"positions must hold one position per row of x: x is {shape_str(x.shape)} (T={T}), "
+            f"positions is {shape_str(pos.shape)}"
+        )
+    try:
+        fits = torch.broadcast_shapes(pos.shape, x.shape[:-1]) == x.shape[:-1]
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"positions of shape {shape_str(pos.shape)} do not broadcast to x.shape[:-1] = "
+            f"{shape_str(x.shape[:-1])}"
+        )
+    angles = rotary_angles(pos, D, base)  # (..., T, D/2), float64 so that large positions stay exact
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (..., T, D/2)
+    x_even, x_odd = x[..., 0::2], x[..., 1::2]  # (..., T, D/2) each: the two members of every pair
+    rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)  # (..., T, D/2, 2)
+    return rotated.flatten(-2)  # (..., T, D/2, 2) -> (..., T, D)

@@ -2,4 +2,106 @@
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import torch
+
+from helpers.checks._core import Case, CheckResult, _clone, compare, run_check
+from helpers.positional import apply_rotary
+
+__all__ = ["check_shift_matrix", "check_distance_scores", "check_rotate_half", "check_alibi_bias"]
+
+
+def _omega(d_model: int) -> torch.Tensor:
+    return 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (C/2,)
+
+
+def _shift_matrix(k, d_model):
+    c, s = torch.cos(k * _omega(d_model)), torch.sin(k * _omega(d_model))  # (C/2,) each
+    m = torch.zeros(d_model, d_model, dtype=torch.float64)  # (C, C)
+    # rows (2i, 2i+1): new sin = cos(kw) sin + sin(kw) cos, new cos = -sin(kw) sin + cos(kw) cos
+    m[0::2, 0::2], m[0::2, 1::2] = torch.diag(c), torch.diag(s)
+    m[1::2, 0::2], m[1::2, 1::2] = torch.diag(-s), torch.diag(c)
+    return m.float()
+
+
+def _distance_scores(length, d_model, n_freq=None):
+    omega = _omega(d_model) if n_freq is None else 10000.0 ** (-torch.arange(n_freq) / n_freq)
+    pos = torch.arange(length, dtype=torch.float64)  # (T,)
+    dist = pos[:, None] - pos[None, :]  # (T, 1) - (1, S) -> (T, S)
+    return torch.cos(dist[..., None] * omega).sum(-1).float()  # (T, S, C/2) -> (T, S)
+
+
+def _rotate_half(x, sign=1.0):
+    T, D = x.shape[-2], x.shape[-1]
+    theta = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
+    angle = sign * torch.arange(T, dtype=torch.float64)[:, None] * theta  # (T, D/2)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)  # (T, D/2) each
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]  # (..., T, D/2) each: feature i pairs with i + D/2
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (..., T, D)
+
+
+def _alibi(T, slope):
+    pos = torch.arange(T, dtype=torch.float32)  # (T,)
+    return -slope * (pos[:, None] - pos[None, :]).abs()  # (T, S)
+
+
+def _run_with_hints(name, fn, reference_fn, cases, hints, atol=1e-5, rtol=1e-4) -> CheckResult:
+    """Like run_check, but a first wrong answer that equals a known mistake gets that mistake's name."""
+    if callable(fn):
+        for case in cases:
+            try:
+                got = fn(*_clone(case.args), **_clone(case.kwargs))
+            except Exception:  # run_check reports crashes and stubs
+                break
+            if got is None:
+                break
+            if compare(got, reference_fn(*case.args, **case.kwargs), atol, rtol) is None:
+                continue
+            for wrong_fn, why in hints:
+                if compare(got, wrong_fn(*case.args, **case.kwargs), atol, rtol) is None:
+                    print(f"✗ {name}: on {case.name}: {why}")
+                    return CheckResult(False)
+            break
+    return run_check(name, fn, reference_fn, cases, atol=atol, rtol=rtol)
+
+
+def check_shift_matrix(fn) -> CheckResult:
+    """Check ``shift_matrix(k, d_model) -> (C, C)`` with PE[pos + k] = M @ PE[pos] (lesson 06)."""
+    cases = [Case("k=1, d_model=4", (1, 4)), Case("k=5, d_model=16", (5, 16)),
+             Case("k=0, d_model=8 (the identity)", (0, 8)), Case("k=-3, d_model=8 (a shift back)", (-3, 8))]
+    hints = [(lambda k, d: _shift_matrix(k, d).T,
+              "this is the transpose, which shifts by -k; row 2i must give sin(a + b) = sin a cos b + cos a sin b")]
+    return _run_with_hints("shift_matrix", fn, _shift_matrix, cases, hints)
+
+
+def check_distance_scores(fn) -> CheckResult:
+    """Check ``distance_scores(length, d_model) -> (T, S)`` = PE(p) . PE(q) from the closed form (lesson 06)."""
+    cases = [Case("length=6, d_model=4", (6, 4)), Case("length=20, d_model=16", (20, 16)),
+             Case("length=50, d_model=64", (50, 64))]
+    hints = [(lambda n, d: _distance_scores(n, d, n_freq=d),
+              "you summed d_model cosines; there is one frequency per (sin, cos) pair, so d_model / 2 of them"),
+             (lambda n, d: 2 * _distance_scores(n, d),
+              "twice the reference: each pair contributes one cosine, cos((p - q) w_i), not two")]
+    return _run_with_hints("distance_scores", fn, _distance_scores, cases, hints, atol=1e-4)
+
+
+def check_rotate_half(fn) -> CheckResult:
+    """Check ``rotate_half(x (..., T, D)) -> (..., T, D)``, RoPE with pairs (i, i + D/2) (lesson 06)."""
+    g = torch.Generator().manual_seed(6)
+    cases = [Case("x of shape (5, 4)", (torch.randn(5, 4, generator=g),)),
+             Case("x of shape (2, 3, 7, 8) (B, H, T, D)", (torch.randn(2, 3, 7, 8, generator=g),)),
+             Case("x of shape (40, 16)", (torch.randn(40, 16, generator=g),))]
+    hints = [(apply_rotary,
+              "that is the interleaved layout of apply_rotary; here feature i pairs with feature i + D/2"),
+             (lambda x: _rotate_half(x, sign=-1.0),
+              "your rotation goes the wrong way (angle -m*theta): the first half gets x1 cos - x2 sin")]
+    return _run_with_hints("rotate_half", fn, _rotate_half, cases, hints)
+
+
+def check_alibi_bias(fn) -> CheckResult:
+    """Check ``alibi_bias(T, slope) -> (T, S)`` with bias[m, n] = -slope * |m - n| (lesson 06)."""
+    cases = [Case("T=4, slope=1.0", (4, 1.0)), Case("T=9, slope=0.25", (9, 0.25)), Case("T=1, slope=0.5", (1, 0.5))]
+    hints = [(lambda T, s: -_alibi(T, s),
+              "the sign is flipped: far keys must be penalised, so the bias is <= 0 and largest (0) on the diagonal"),
+             (lambda T, s: -s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).float(),
+              "use the distance |m - n|: without abs() keys to the right get a bonus instead of a penalty")]
+    return _run_with_hints("alibi_bias", fn, _alibi, cases, hints)
