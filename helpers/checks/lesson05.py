@@ -1,5 +1,198 @@
-"""Exercise checks of lesson 05 (each one prints a single line and returns True or False)."""
+"""Exercise checks of lesson 05: masks (each one prints a single line and returns True or False)."""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import torch
+
+from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
+from helpers.checks._core import Case, CheckResult, _clone, compare, run_check
+from helpers.masks import causal_mask, padding_mask
+
+__all__ = ["check_causal_mask", "check_padding_mask", "check_masked_attention", "check_mha_masks",
+           "check_leaks_future"]
+
+
+def _run_with_hints(name, fn, reference, cases, hints=(), want_bool=False, **kwargs) -> CheckResult:
+    """``run_check``, but a wrong answer that matches a known bug is named (lesson 05).
+
+    ``hints`` holds (message, buggy_reference) pairs; ``want_bool`` insists on a torch.bool mask.
+    """
+    if callable(fn):
+        for case in cases:
+            try:
+                got = fn(*_clone(case.args), **_clone(case.kwargs))
+            except Exception:  # run_check below reports the error in its own words
+                break
+            if got is None:
+                break
+            got_masks = got if isinstance(got, (tuple, list)) else (got,)
+            if want_bool and any(isinstance(m, torch.Tensor) and m.dtype != torch.bool for m in got_masks):
+                dtypes = ", ".join(str(m.dtype) for m in got_masks if isinstance(m, torch.Tensor))
+                print(f"✗ {name}: on {case.name}: return a boolean mask (dtype torch.bool), got {dtypes}")
+                return CheckResult(False)
+            expected = reference(*_clone(case.args), **_clone(case.kwargs))
+            if compare(got, expected, **kwargs) is None:
+                continue
+            for message, bug in hints:
+                if compare(got, bug(*_clone(case.args), **_clone(case.kwargs)), **kwargs) is None:
+                    print(f"✗ {name}: on {case.name}: {message}")
+                    return CheckResult(False)
+            break  # a wrong answer no hint explains: run_check names the first difference
+    return run_check(name, fn, reference, cases, **kwargs)
+
+
+# 1) a causal mask for T new queries at the end of S keys (a KV cache) ----------------------------
+
+def _causal(T, S):
+    return torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)  # (T, S), bottom-right aligned
+
+
+def check_causal_mask(fn) -> CheckResult:
+    """Check ``causal_mask(T, S) -> (T, S)`` bool, queries = the last T of S positions (lesson 05)."""
+    cases = [Case("T=4, S=4 (the square mask)", (4, 4)),
+             Case("T=3, S=7 (3 new queries after 4 cached keys)", (3, 7)),
+             Case("T=1, S=6 (one new query sees every key)", (1, 6)),
+             Case("T=1, S=1", (1, 1))]
+    hints = [
+        ("polarity flipped: True must mean 'may attend' (this is nn.MultiheadAttention's blocked mask)",
+         lambda T, S: ~_causal(T, S)),
+        ("aligned top-left (like torch's is_causal=True): the queries are the LAST T positions, so "
+         "the last query must see all S keys", lambda T, S: torch.ones(T, S, dtype=torch.bool).tril()),
+        ("True above the diagonal: query t would see the future and not the past",
+         lambda T, S: torch.ones(T, S, dtype=torch.bool).triu(diagonal=S - T)),
+        ("the diagonal is missing: a query may attend to its own position",
+         lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T - 1)),
+    ]
+    return _run_with_hints("causal_mask", fn, _causal, cases, hints, want_bool=True)
+
+
+# 2) a padding mask from token ids ---------------------------------------------------------------
+
+def _from_ids(ids, pad_id):
+    return (ids != pad_id)[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
+
+
+def check_padding_mask(fn) -> CheckResult:
+    """Check ``padding_mask_from_ids(ids (B, S), pad_id) -> (B, 1, 1, S)`` bool (lesson 05)."""
+    right = torch.tensor([[5, 6, 7, 8, 0, 0], [9, 4, 0, 0, 0, 0], [3, 3, 3, 3, 3, 3]])  # (B, S)
+    left = torch.tensor([[0, 0, 0, 4, 5, 6], [7, 8, 9, 4, 5, 6]])  # (B, S)
+    odd = torch.tensor([[4, 1, 1, 2, 2], [4, 5, 6, 7, 2]])  # (B, S), pad_id 2
+    cases = [Case("right-padded ids (3, 6), pad_id=0", (right, 0)),
+             Case("left-padded ids (2, 6), pad_id=0", (left, 0)),
+             Case("ids (2, 5) with pad_id=2", (odd, 2))]
+    hints = [
+        ("polarity flipped: True must mean 'a real token, may attend', False 'padding'",
+         lambda ids, pad_id: ~_from_ids(ids, pad_id)),
+        ("shape (B, S): add two axes, (B, 1, 1, S), so that it broadcasts over heads and queries",
+         lambda ids, pad_id: ids != pad_id),
+        ("shape (B, 1, S, 1) masks queries, not keys: put the S axis last, (B, 1, 1, S)",
+         lambda ids, pad_id: (ids != pad_id)[:, None, :, None]),
+    ]
+    return _run_with_hints("padding_mask", fn, _from_ids, cases, hints, want_bool=True)
+
+
+# 3) masked attention that never gives NaN -------------------------------------------------------
+
+def _attention_cases():
+    g = torch.Generator().manual_seed(5)
+    T, D = 5, 4
+    q, k, v = (torch.randn(2, 2, T, D, generator=g) for _ in range(3))  # (B, H, T, D) each
+    pad = padding_mask([3, 4], T)  # (B, 1, 1, S), every item has real and padded keys
+    causal = causal_mask(T)  # (T, T)
+    left_causal = padding_mask([2, 5], T).flip(-1) & causal  # (B, 1, T, S), item 0 has empty rows
+    # blocked scores far above the allowed ones: key s scores 60 * s against every query
+    q_big = torch.zeros(1, T, D)
+    q_big[..., 0] = 1.0  # (1, T, D)
+    k_big = torch.zeros(1, T, D)
+    k_big[0, :, 0] = 60.0 * D**0.5 * torch.arange(T)  # (1, S, D)
+    v_big = torch.randn(1, T, 3, generator=g)  # (1, S, Dv)
+    return [Case("a padding mask (B, 1, 1, S), batch of lengths 3 and 4", (q, k, v, pad)),
+            Case("a causal mask (T, T)", (q, k, v, causal)),
+            Case("left padding + causal: item 0 has fully masked rows (the answer there is 0, not NaN)",
+                 (q, k, v, left_causal)),
+            Case("blocked scores up to 240 above the allowed ones (exp underflows)",
+                 (q_big, k_big, v_big, causal))]
+
+
+def check_masked_attention(fn) -> CheckResult:
+    """Check ``masked_attention(q, k, v, mask) -> (out, weights)``, True = may attend, no NaN (lesson 05)."""
+    hints = [("polarity flipped: True in the mask must mean 'may attend'",
+              lambda q, k, v, mask: scaled_dot_product_attention(q, k, v, ~mask))]
+    return _run_with_hints("masked_attention", fn, scaled_dot_product_attention, _attention_cases(),
+                           hints)
+
+
+# 4) the same mask in nn.MultiheadAttention's polarity -------------------------------------------
+
+def _to_torch(causal, padding):
+    return ~causal, ~padding[:, 0, 0, :]  # (T, S) and (B, S), True = blocked
+
+
+def check_mha_masks(fn) -> CheckResult:
+    """Check ``to_torch_mha_masks(causal (T, S), padding (B, 1, 1, S)) -> (attn_mask, key_padding_mask)``
+    for nn.MultiheadAttention, where True = blocked (lesson 05)."""
+    cases = [Case("T=4, lengths [4, 2]", (causal_mask(4), padding_mask([4, 2], 4))),
+             Case("T=3, lengths [1, 3, 2]", (causal_mask(3), padding_mask([1, 3, 2], 3)))]
+    hints = [
+        ("the masks still have the course's polarity: nn.MultiheadAttention reads True as 'blocked'",
+         lambda c, p: (c, p[:, 0, 0, :])),
+        ("attn_mask is right, key_padding_mask still has the course's polarity (True = may attend)",
+         lambda c, p: (~c, p[:, 0, 0, :])),
+        ("key_padding_mask is right, attn_mask still has the course's polarity (True = may attend)",
+         lambda c, p: (c, ~p[:, 0, 0, :])),
+    ]
+    return _run_with_hints("mha_masks", fn, _to_torch, cases, hints, want_bool=True)
+
+
+# 5) a leak detector -----------------------------------------------------------------------------
+
+def _leaks(f, x):
+    """True if some output position t changes when only inputs after t change."""
+    g = torch.Generator().manual_seed(11)
+    base = f(x)
+    for t in range(x.shape[1] - 1):
+        changed = x.clone()
+        changed[:, t + 1:] = torch.randn(changed[:, t + 1:].shape, generator=g, dtype=x.dtype)
+        if not torch.allclose(f(changed)[:, : t + 1], base[:, : t + 1], atol=1e-6):
+            return True
+    return False
+
+
+def _leak_cases():
+    with torch.random.fork_rng(devices=[]):  # build the models without touching the learner's RNG
+        torch.manual_seed(0)
+        mha = MultiHeadAttention(8, 2).eval()
+    T = 6
+    x = torch.randn(2, T, 8, generator=torch.Generator().manual_seed(3))  # (B, T, C)
+
+    def attend(mask):
+        return lambda x: mha(x, x, x, mask=mask)[0]
+
+    def last_reads_far_future(x):  # only output T-2 reads input T-1
+        out = x.clone()
+        out[:, -2] = out[:, -2] + x[:, -1]
+        return out
+
+    def running_mean(x):
+        return x.cumsum(1) / torch.arange(1, x.shape[1] + 1)[None, :, None]
+
+    return [Case("f = attention with a causal mask (no leak)", (attend(causal_mask(T)), x)),
+            Case("f = attention without a mask (leaks)", (attend(None), x)),
+            Case("f = running mean over positions <= t (no leak)", (running_mean, x)),
+            Case("f = every position adds the LAST input (leaks from far ahead)",
+                 (lambda x: x + x[:, -1:], x)),
+            Case("f = only output T-2 reads input T-1 (a leak at one position)", (last_reads_far_future, x)),
+            Case("f = attention with the transposed causal mask (leaks)", (attend(causal_mask(T).T), x))]
+
+
+def check_leaks_future(fn) -> CheckResult:
+    """Check ``leaks_future(f, x (B, T, C)) -> bool``: does output t depend on inputs after t? (lesson 05)."""
+    return run_check("leaks_future", fn, _leaks, _leak_cases(), adapt=_as_bool)
+
+
+def _as_bool(got, expected):
+    """Accept True/False, a one-element tensor or numpy bool; name anything else."""
+    try:
+        return bool(got)
+    except (RuntimeError, ValueError, TypeError):
+        return f"a {type(got).__name__} that is not a single True/False"
