@@ -1,5 +1,147 @@
-"""Exercise checks of lesson 02 (each one prints a single line and returns True or False)."""
+"""Exercise checks of lesson 02: one query, self-attention, hard lookup (each prints one line)."""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import contextlib
+import io
+import math
+
+import torch
+
+from helpers.attention import scaled_dot_product_attention
+from helpers.checks._core import Case, CheckResult, compare, run_check
+
+__all__ = ["check_one_query", "check_self_attention", "check_hard_lookup"]
+
+
+def _copy(args: tuple) -> tuple:
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _matching_hint(fn, cases, hints, adapt) -> str | None:
+    """The first hint whose buggy function gives exactly the learner's answer on every case."""
+    for hint, buggy in hints:
+        try:
+            for case in cases:
+                got = fn(*_copy(case.args), **case.kwargs)
+                wrong = buggy(*_copy(case.args), **case.kwargs)
+                if adapt is not None:
+                    got = adapt(got, wrong)
+                if got is None or compare(got, wrong) is not None:
+                    break
+            else:
+                return hint
+        except Exception:  # a hint that does not apply to this answer: try the next one
+            continue
+    return None
+
+
+def run_check_with_hints(name, fn, reference_fn, cases, hints, **kwargs) -> CheckResult:
+    """Like ``run_check``, and when it fails, name the typical mistake that reproduces the answer (lesson 02).
+
+    ``hints`` is a list of ``(message, buggy_fn)``: if the learner's function agrees with
+    ``buggy_fn`` on every case, ``message`` is appended to the single line the check prints.
+    """
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        result = run_check(name, fn, reference_fn, cases, **kwargs)
+    line = buffer.getvalue().rstrip("\n")
+    if not result and line.startswith("✗"):
+        hint = _matching_hint(fn, cases, hints, kwargs.get("adapt"))
+        if hint:
+            line += f". Hint: {hint}"
+    print(line)
+    return result
+
+
+def _rand(g, *shape):
+    return torch.randn(*shape, generator=g)
+
+
+# --- exercise 1: one query --------------------------------------------------------------------
+
+def _one_query(q, k, v):
+    out, _ = scaled_dot_product_attention(q.unsqueeze(0), k, v)  # (1, D) -> (1, Dv)
+    return out.squeeze(0)  # (Dv,)
+
+
+def check_one_query(fn) -> CheckResult:
+    """Check ``one_query(q (D,), k (S, D), v (S, Dv)) -> (Dv,)``, attention for a single query (lesson 02)."""
+    g = torch.Generator().manual_seed(2)
+    cases = [
+        Case("a single key (S=1): the output must be v[0]", (_rand(g, 4), _rand(g, 1, 4), _rand(g, 1, 3))),
+        Case("D=4, S=5 keys, Dv=3", (_rand(g, 4), _rand(g, 5, 4), _rand(g, 5, 3))),
+        Case("D=16, S=9 keys, Dv=16", (_rand(g, 16), _rand(g, 9, 16), _rand(g, 9, 16))),
+    ]
+    hints = [
+        ("your answer matches softmax(k q) v without the scaling: divide the scores by sqrt(D)",
+         lambda q, k, v: torch.softmax(k @ q, dim=-1) @ v),
+        ("your answer matches the plain mean of the values: the weights must come from the scores",
+         lambda q, k, v: v.mean(dim=0)),
+        ("your answer matches (k q / sqrt(D)) v: the scores need a softmax to become weights",
+         lambda q, k, v: (k @ q / math.sqrt(q.shape[-1])) @ v),
+    ]
+    return run_check_with_hints("one_query", fn, _one_query, cases, hints)
+
+
+# --- exercise 3: self-attention with projections ------------------------------------------------
+
+def _self_attention(x, w_q, w_k, w_v):
+    return scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)  # (T, Dv), (T, T)
+
+
+def check_self_attention(fn) -> CheckResult:
+    """Check ``self_attention(x (T, C), w_q (C, D), w_k (C, D), w_v (C, C)) -> (out, weights)`` (lesson 02)."""
+    g = torch.Generator().manual_seed(3)
+    cases = [
+        Case("T=5 tokens, C=12, D=4", (_rand(g, 5, 12), _rand(g, 12, 4), _rand(g, 12, 4), _rand(g, 12, 12))),
+        Case("T=9 tokens, C=8, D=8", (_rand(g, 9, 8), _rand(g, 8, 8), _rand(g, 8, 8), _rand(g, 8, 8))),
+        Case("a batch of 2 sequences, x (2, 6, 12), D=3",
+             (_rand(g, 2, 6, 12), _rand(g, 12, 3), _rand(g, 12, 3), _rand(g, 12, 12))),
+    ]
+
+    def scaled_by(width_of, dim=-1):
+        def buggy(x, w_q, w_k, w_v):
+            scores = (x @ w_q) @ (x @ w_k).transpose(-2, -1) / math.sqrt(width_of(x, w_q))
+            weights = torch.softmax(scores, dim=dim)
+            return weights @ (x @ w_v), weights
+        return buggy
+
+    hints = [
+        ("your answer uses x itself as the values: the values are x @ w_v",
+         lambda x, w_q, w_k, w_v: scaled_dot_product_attention(x @ w_q, x @ w_k, x)),
+        ("your answer divides by sqrt(C), the width of x: the scaling uses D, the width of the queries",
+         scaled_by(lambda x, w: x.shape[-1])),
+        ("your answer has no 1/sqrt(D) scaling", scaled_by(lambda x, w: 1.0)),
+        ("your softmax runs over the queries (dim -2): each query's row of weights must sum to 1",
+         scaled_by(lambda x, w: w.shape[-1], dim=-2)),
+    ]
+    return run_check_with_hints("self_attention", fn, _self_attention, cases, hints)
+
+
+# --- exercise 4: the hard lookup, the limit of attention ----------------------------------------
+
+def _hard_lookup(q, k, v):
+    best = (q @ k.transpose(-2, -1)).argmax(dim=-1)  # (T, S) -> (T,)
+    return v[best]  # (T, Dv)
+
+
+def check_hard_lookup(fn) -> CheckResult:
+    """Check ``hard_lookup(q (T, D), k (S, D), v (S, Dv)) -> (T, Dv)``: the value of the best key (lesson 02)."""
+    g = torch.Generator().manual_seed(4)
+    cases = [
+        Case("T=3 queries, S=5 keys, D=4, Dv=2", (_rand(g, 3, 4), _rand(g, 5, 4), _rand(g, 5, 2))),
+        Case("one query, S=8 keys", (_rand(g, 1, 6), _rand(g, 8, 6), _rand(g, 8, 3))),
+        # keys of very different lengths: the largest dot product is not the nearest key here
+        Case("T=6 queries, S=6 keys of different lengths",
+             (_rand(g, 6, 4), _rand(g, 6, 4) * torch.linspace(0.2, 3.0, 6).unsqueeze(1), _rand(g, 6, 3))),
+    ]
+    hints = [
+        ("your answer picks the nearest key (smallest distance); attention ranks keys by the dot product",
+         lambda q, k, v: v[torch.cdist(q, k).argmin(dim=-1)]),
+        ("your answer takes the argmax over the queries (dim 0): each query picks among the keys",
+         lambda q, k, v: v[(q @ k.T).argmax(dim=0)]),
+        ("your answer is soft attention: take the single best key, not a weighted mix",
+         lambda q, k, v: scaled_dot_product_attention(q, k, v)[0]),
+    ]
+    return run_check_with_hints("hard_lookup", fn, _hard_lookup, cases, hints)

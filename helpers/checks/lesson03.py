@@ -1,5 +1,86 @@
-"""Exercise checks of lesson 03 (each one prints a single line and returns True or False)."""
+"""Exercise checks of lesson 03: log-softmax, softmax backward, temperature for an entropy (one line each)."""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import torch
+
+from helpers.attention import softmax
+from helpers.checks._core import Case, CheckResult, run_check
+from helpers.checks.lesson02 import run_check_with_hints
+
+__all__ = ["check_log_softmax", "check_softmax_backward", "check_temperature_for_entropy"]
+
+
+def _rand(g, *shape):
+    return torch.randn(*shape, generator=g)
+
+
+def check_log_softmax(fn) -> CheckResult:
+    """Check ``log_softmax(x)`` over the last dimension, including logits of +-1e4 (lesson 03)."""
+    g = torch.Generator().manual_seed(5)
+    cases = [
+        Case("a (3, 5) tensor of small logits", (_rand(g, 3, 5),)),
+        Case("a (2, 4, 6) tensor", (_rand(g, 2, 4, 6),)),
+        Case("logits of size +-1e4 (exp overflows, softmax underflows to 0)", (_rand(g, 4, 7) * 1e4,)),
+    ]
+    hints = [
+        ("log(softmax(x)) is -inf where softmax underflows to 0: compute x - max - log(sum(exp(x - max)))",
+         lambda x: torch.log(torch.softmax(x, dim=-1))),
+        ("exp(x) overflows for large logits: subtract the row max before exp",
+         lambda x: x - torch.log(torch.exp(x).sum(dim=-1, keepdim=True))),
+    ]
+    return run_check_with_hints("log_softmax", fn, lambda x: torch.log_softmax(x, dim=-1), cases, hints)
+
+
+def _softmax_backward(p, grad_p):
+    # J^T g with J = diag(p) - p p^T (symmetric): p * g - p (p . g), without building the (S, S) matrix
+    return p * (grad_p - (p * grad_p).sum(dim=-1, keepdim=True))  # (..., S)
+
+
+def check_softmax_backward(fn) -> CheckResult:
+    """Check ``softmax_backward(p (..., S), grad_p (..., S)) -> grad_scores (..., S)`` (lesson 03)."""
+    g = torch.Generator().manual_seed(6)
+    cases = [
+        Case("one row of 5 scores", (torch.softmax(_rand(g, 5), dim=-1), _rand(g, 5))),
+        Case("a uniform p of length 4", (torch.full((4,), 0.25), _rand(g, 4))),
+        Case("a one-hot p (a saturated softmax passes no gradient)", (torch.tensor([0.0, 1.0, 0.0]), _rand(g, 3))),
+        Case("a batch of rows (2, 3, 6)", (torch.softmax(_rand(g, 2, 3, 6), dim=-1), _rand(g, 2, 3, 6))),
+    ]
+    hints = [
+        ("your answer is p * grad_p: the term -p (p . grad_p) from -p p^T is missing",
+         lambda p, gp: p * gp),
+        ("your answer subtracts the plain mean of grad_p: subtract the p-weighted sum (p . grad_p)",
+         lambda p, gp: p * (gp - gp.mean(dim=-1, keepdim=True))),
+        ("your answer lacks the factor p: the result is p * (grad_p - (p . grad_p))",
+         lambda p, gp: gp - (p * gp).sum(dim=-1, keepdim=True)),
+        ("your answer has the opposite sign", lambda p, gp: -_softmax_backward(p, gp)),
+    ]
+    return run_check_with_hints("softmax_backward", fn, _softmax_backward, cases, hints)
+
+
+def _entropy(p):
+    return -torch.xlogy(p, p).sum(dim=-1)  # nats; 0 log 0 counts as 0
+
+
+def check_temperature_for_entropy(fn) -> CheckResult:
+    """Check ``temperature_for_entropy(scores, target) -> tau``: the entropy tau gives is target +- 1e-3 (lesson 03)."""
+    g = torch.Generator().manual_seed(7)
+    scores = _rand(g, 8).double() * 3.0
+    cases = [
+        Case("8 scores, target entropy 1.0 nats", (scores, 1.0)),
+        Case("8 scores, target 2.0 (near the uniform log 8 = 2.08: tau is large)", (scores, 2.0)),
+        Case("8 scores, target 0.1 (nearly one-hot: tau is small)", (scores, 0.1)),
+        Case("16 scores of size 30, target 1.5", (_rand(g, 16).double() * 30.0, 1.5)),
+    ]
+
+    def entropy_reached(scores, target):
+        tau = fn(scores, target)
+        if tau is None:
+            return None
+        tau = float(tau)
+        if not tau > 0.0:
+            raise ValueError(f"a temperature must be positive, got tau = {tau}")
+        return float(_entropy(softmax(scores / tau)))
+
+    return run_check("temperature_for_entropy", entropy_reached, lambda scores, target: float(target),
+                     cases, atol=1e-3, rtol=0.0)
