@@ -1,0 +1,436 @@
+"""The encoder-decoder Transformer of Vaswani et al. 2017 (lessons 07 and 08).
+
+Lesson 07 derives ``TransformerConfig``, ``FeedForward`` and ``EncoderLayer``; lesson 08 derives
+``DecoderLayer``, ``Encoder``, ``Decoder``, ``Transformer``, ``greedy_decode`` and ``beam_search``.
+Masks follow the course's polarity everywhere: boolean, True = may attend.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers._validate import shape_str
+from helpers.attention import MultiHeadAttention
+from helpers.masks import causal_mask
+from helpers.positional import PositionalEncoding
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Every size of the model in one frozen place; validated on creation (lesson 07)."""
+
+    # The vocabularies are properties of the task, so they have no default.
+    src_vocab_size: int  # number of source token ids, pad included; ids must lie in [0, src_vocab_size)
+    tgt_vocab_size: int  # number of target token ids (the width V of the logits)
+    # The remaining defaults are the 2017 paper's "base" model (Table 3) unless a comment says otherwise.
+    d_model: int = 512  # width C of every residual stream; the same in and out of each block so blocks stack
+    n_heads: int = 8  # heads H; 512 / 8 = 64 features per head, as in the paper (section 3.2.2)
+    d_ff: int = 2048  # hidden width of the feed-forward net, 4 * d_model: room to compute per position
+    n_encoder_layers: int = 6  # the paper's N = 6 identical encoder blocks
+    n_decoder_layers: int = 6  # and N = 6 decoder blocks
+    dropout: float = 0.1  # P_drop = 0.1 on residual branches, embeddings and attention weights
+    max_len: int = 512  # longest sequence the positional table covers; longer inputs raise an error
+    pad_id: int = 0  # id of the padding token in both vocabularies; positions holding it are masked
+    # Pre-LN (LayerNorm inside the residual branch) trains without learning-rate warm-up and does not
+    # blow up in deep stacks (Xiong et al. 2020), so it is the default here; `base()` switches back to the
+    # paper's Post-LN. Lesson 07 compares the two.
+    norm_first: bool = True
+
+    def __post_init__(self):
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
+                     "n_encoder_layers", "n_decoder_layers", "max_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: each head gets "
+                f"d_model / n_heads = {self.d_model / self.n_heads:g} features, which must be a whole number"
+            )
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
+                or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1), got {self.dropout!r}")
+        smallest = min(self.src_vocab_size, self.tgt_vocab_size)
+        if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int) or not 0 <= self.pad_id < smallest:
+            raise ValueError(
+                f"pad_id must be a token id of both vocabularies, i.e. in [0, {smallest}), got {self.pad_id!r}")
+        if not isinstance(self.norm_first, bool):
+            raise TypeError(f"norm_first must be True (Pre-LN) or False (Post-LN), got {self.norm_first!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """Features per head, d_model / n_heads (lesson 07; the split itself is lesson 04's)."""
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def tiny(cls, src_vocab_size: int, tgt_vocab_size: int, **overrides) -> TransformerConfig:
+        """A model small enough for unit tests to run in milliseconds (lesson 07)."""
+        sizes = dict(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+                     dropout=0.0, max_len=64)
+        return replace(cls(src_vocab_size, tgt_vocab_size, **sizes), **overrides)
+
+    @classmethod
+    def base(cls, src_vocab_size: int, tgt_vocab_size: int, **overrides) -> TransformerConfig:
+        """The paper's base model: d_model 512, 8 heads, d_ff 2048, 6 + 6 layers, Post-LN (lesson 07)."""
+        sizes = dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6,
+                     dropout=0.1, norm_first=False)
+        return replace(cls(src_vocab_size, tgt_vocab_size, **sizes), **overrides)
+
+
+# --- the blocks --------------------------------------------------------------------------------
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 applied at every position alone (Vaswani et al. 2017, Eq. 2; lesson 07)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)  # on the hidden units, where nn.TransformerEncoderLayer puts it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C)."""
+        return self.linear2(self.dropout(F.relu(self.linear1(x))))  # (B, T, C) -> (B, T, d_ff) -> (B, T, C)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention and feed-forward, each wrapped in dropout + residual + LayerNorm (lesson 07).
+
+    Post-LN (``norm_first=False``, the 2017 paper): x = norm(x + dropout(sublayer(x))).
+    Pre-LN (``norm_first=True``): x = x + dropout(sublayer(norm(x))).
+    After each forward, ``attn_weights`` holds the (B, H, T, T) self-attention weights (detached).
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.norm_first = config.norm_first
+        self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, dropout=config.dropout)
+        self.ff = FeedForward(config.d_model, config.d_ff, config.dropout)
+        self.norm1 = nn.LayerNorm(config.d_model)
+        self.norm2 = nn.LayerNorm(config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.attn_weights = None
+
+    def _attend(self, x, mask):
+        out, weights = self.self_attn(x, x, x, mask=mask)  # (B, T, C), (B, H, T, T)
+        self.attn_weights = weights.detach()
+        return self.dropout(out)
+
+    def forward(self, x: torch.Tensor, mask=None) -> torch.Tensor:
+        """x (B, T, C), mask broadcastable to (B, H, T, T) with True = may attend -> (B, T, C)."""
+        if self.norm_first:
+            x = x + self._attend(self.norm1(x), mask)  # (B, T, C)
+            return x + self.dropout(self.ff(self.norm2(x)))  # (B, T, C)
+        x = self.norm1(x + self._attend(x, mask))  # (B, T, C)
+        return self.norm2(x + self.dropout(self.ff(x)))  # (B, T, C)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention to the encoder's memory, feed-forward (lesson 08).
+
+    Each sub-layer has its residual connection and LayerNorm (``norm1``, ``norm2``, ``norm3``), placed
+    as in ``EncoderLayer``. After each forward, ``self_attn_weights`` (B, H, T, T) and
+    ``cross_attn_weights`` (B, H, T, S) hold the attention weights (detached).
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.norm_first = config.norm_first
+        self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, dropout=config.dropout)
+        self.cross_attn = MultiHeadAttention(config.d_model, config.n_heads, dropout=config.dropout)
+        self.ff = FeedForward(config.d_model, config.d_ff, config.dropout)
+        self.norm1 = nn.LayerNorm(config.d_model)
+        self.norm2 = nn.LayerNorm(config.d_model)
+        self.norm3 = nn.LayerNorm(config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.self_attn_weights = None
+        self.cross_attn_weights = None
+
+    def _self(self, x, mask):
+        out, weights = self.self_attn(x, x, x, mask=mask)  # (B, T, C), (B, H, T, T)
+        self.self_attn_weights = weights.detach()
+        return self.dropout(out)
+
+    def _cross(self, x, memory, mask):
+        out, weights = self.cross_attn(x, memory, memory, mask=mask)  # (B, T, C), (B, H, T, S)
+        self.cross_attn_weights = weights.detach()
+        return self.dropout(out)
+
+    def forward(self, x, memory, self_mask=None, memory_mask=None) -> torch.Tensor:
+        """x (B, T, C), memory (B, S, C); masks broadcastable to (B, H, T, T) and (B, H, T, S) -> (B, T, C)."""
+        if self.norm_first:
+            x = x + self._self(self.norm1(x), self_mask)  # (B, T, C)
+            x = x + self._cross(self.norm2(x), memory, memory_mask)  # (B, T, C)
+            return x + self.dropout(self.ff(self.norm3(x)))  # (B, T, C)
+        x = self.norm1(x + self._self(x, self_mask))  # (B, T, C)
+        x = self.norm2(x + self._cross(x, memory, memory_mask))  # (B, T, C)
+        return self.norm3(x + self.dropout(self.ff(x)))  # (B, T, C)
+
+
+# --- input checks ------------------------------------------------------------------------------
+
+
+def _check_ids(ids, name: str, vocab_size: int, max_len: int) -> None:
+    """Raise a clear error unless ``ids`` is a (B, L) integer tensor of valid ids with L <= max_len."""
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise TypeError(f"{name} must hold integer token ids (e.g. torch.long), got dtype {ids.dtype}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (B, L) (a batch of id sequences), got {shape_str(ids.shape)}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"{name} must hold at least one sequence of at least one token, got {shape_str(ids.shape)}")
+    if ids.shape[1] > max_len:
+        raise ValueError(f"{name} has length {ids.shape[1]}, longer than the model's max_len={max_len}; "
+                         "build the model with a larger max_len or shorten the input")
+    bad = (ids < 0) | (ids >= vocab_size)
+    if bad.any():
+        where = tuple(bad.nonzero()[0].tolist())
+        raise ValueError(f"{name} holds token id {ids[where].item()} at position {where}, outside the "
+                         f"vocabulary of size {vocab_size} (valid ids are 0..{vocab_size - 1})")
+
+
+def _key_padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, L) ids -> (B, 1, 1, L) boolean mask, True where the key is a real token (lesson 08)."""
+    return (ids != pad_id)[:, None, None, :]  # (B, L) -> (B, 1, 1, L)
+
+
+# --- encoder, decoder, model -------------------------------------------------------------------
+
+
+class _Stack(nn.Module):
+    """Token embedding scaled by sqrt(d_model) (section 3.4) + positional encoding; shared by both sides."""
+
+    def __init__(self, config: TransformerConfig, vocab_size: int, layer_type):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(vocab_size, config.d_model, padding_idx=config.pad_id)
+        # std d_model^-0.5 so that embed * sqrt(d_model) has unit-size entries, the scale of the
+        # positional encoding (the initialisation fairseq uses); the pad row stays zero
+        nn.init.normal_(self.embed.weight, std=config.d_model ** -0.5)
+        with torch.no_grad():
+            self.embed.weight[config.pad_id].zero_()
+        self.pos = PositionalEncoding(config.d_model, config.max_len, config.dropout)
+        n = config.n_encoder_layers if layer_type is EncoderLayer else config.n_decoder_layers
+        self.layers = nn.ModuleList(layer_type(config) for _ in range(n))
+        self.norm = nn.LayerNorm(config.d_model)  # final norm, as nn.Transformer always has
+
+    def embed_tokens(self, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """(B, L) ids -> (B, L, C): embedding * sqrt(d_model) + positions from ``offset``, dropout (lesson 08)."""
+        x = self.embed(ids) * math.sqrt(self.config.d_model)  # (B, L) -> (B, L, C)
+        return self.pos(x, offset=offset)  # (B, L, C)
+
+
+class Encoder(_Stack):
+    """Embedding + positional encoding + N encoder layers + final LayerNorm (lesson 08)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__(config, config.src_vocab_size, EncoderLayer)
+
+    def forward(self, src_ids: torch.Tensor, src_mask=None) -> torch.Tensor:
+        """src_ids (B, S), src_mask broadcastable to (B, H, S, S) -> memory (B, S, C)."""
+        _check_ids(src_ids, "src", self.config.src_vocab_size, self.config.max_len)
+        x = self.embed_tokens(src_ids)  # (B, S, C)
+        for layer in self.layers:
+            x = layer(x, src_mask)  # (B, S, C)
+        return self.norm(x)  # (B, S, C)
+
+
+class Decoder(_Stack):
+    """Embedding + positional encoding + N decoder layers + final LayerNorm (lesson 08)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__(config, config.tgt_vocab_size, DecoderLayer)
+
+    def forward(self, tgt_ids, memory, tgt_mask=None, memory_mask=None) -> torch.Tensor:
+        """tgt_ids (B, T), memory (B, S, C), masks to (B, H, T, T) and (B, H, T, S) -> hidden (B, T, C)."""
+        _check_ids(tgt_ids, "tgt", self.config.tgt_vocab_size, self.config.max_len)
+        C = self.config.d_model
+        if not isinstance(memory, torch.Tensor) or memory.dim() != 3 or memory.shape[-1] != C \
+                or memory.shape[0] != tgt_ids.shape[0]:
+            got = shape_str(memory.shape) if isinstance(memory, torch.Tensor) else type(memory).__name__
+            raise ValueError(f"memory must have shape (B={tgt_ids.shape[0]}, S, C={C}) to match "
+                             f"tgt {shape_str(tgt_ids.shape)}, got {got}")
+        x = self.embed_tokens(tgt_ids)  # (B, T, C)
+        for layer in self.layers:
+            x = layer(x, memory, tgt_mask, memory_mask)  # (B, T, C)
+        return self.norm(x)  # (B, T, C)
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder Transformer; ``forward(src (B, S), tgt (B, T)) -> logits (B, T, V)`` (lesson 08).
+
+    Padding is handled inside: source positions holding ``pad_id`` are hidden from the encoder's
+    self-attention and from the decoder's cross-attention; the decoder's self-attention is causal
+    and hides target pads.
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+        self.generator = nn.Linear(config.d_model, config.tgt_vocab_size)
+        # Glorot/Xavier weights and zero biases in every linear layer, as nn.Transformer does
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    def encode(self, src: torch.Tensor):
+        """src (B, S) -> (memory (B, S, C), src_mask (B, 1, 1, S)), the mask True at real tokens."""
+        _check_ids(src, "src", self.config.src_vocab_size, self.config.max_len)
+        src_mask = _key_padding_mask(src, self.config.pad_id)  # (B, 1, 1, S)
+        return self.encoder(src, src_mask), src_mask  # (B, S, C), (B, 1, 1, S)
+
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask=None) -> torch.Tensor:
+        """tgt (B, T), memory (B, S, C), src_mask (B, 1, 1, S) -> logits (B, T, V); causal + target padding."""
+        _check_ids(tgt, "tgt", self.config.tgt_vocab_size, self.config.max_len)
+        T = tgt.shape[1]
+        # position t sees the earlier non-pad tokens: (T, T) & (B, 1, 1, T) -> (B, 1, T, T)
+        tgt_mask = causal_mask(T, device=tgt.device) & _key_padding_mask(tgt, self.config.pad_id)
+        hidden = self.decoder(tgt, memory, tgt_mask, src_mask)  # (B, T, C)
+        return self.generator(hidden)  # (B, T, V)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        """src (B, S), tgt (B, T) token ids -> logits (B, T, V) for the token after each target position."""
+        _check_ids(src, "src", self.config.src_vocab_size, self.config.max_len)
+        _check_ids(tgt, "tgt", self.config.tgt_vocab_size, self.config.max_len)
+        if src.shape[0] != tgt.shape[0]:
+            raise ValueError(f"src {shape_str(src.shape)} and tgt {shape_str(tgt.shape)} "
+                             "must have the same batch size B")
+        memory, src_mask = self.encode(src)  # (B, S, C), (B, 1, 1, S)
+        return self.decode(tgt, memory, src_mask)  # (B, T, V)
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+
+def _check_decode_args(model, src, bos_id, eos_id, max_len):
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a helpers.transformer.Transformer, got {type(model).__name__}")
+    cfg = model.config
+    _check_ids(src, "src", cfg.src_vocab_size, cfg.max_len)
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < cfg.tgt_vocab_size:
+            raise ValueError(f"{name} must be a target token id in [0, {cfg.tgt_vocab_size}), got {value!r}")
+    if bos_id == cfg.pad_id:
+        raise ValueError(f"bos_id={bos_id} equals pad_id={cfg.pad_id}: the decoder would mask its own start token")
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or not 2 <= max_len <= cfg.max_len:
+        raise ValueError(f"max_len (output length, BOS included) must be an int in [2, model max_len="
+                         f"{cfg.max_len}], got {max_len!r}")
+
+
+@torch.no_grad()
+def greedy_decode(model: Transformer, src: torch.Tensor, bos_id: int, eos_id: int, max_len: int) -> torch.Tensor:
+    """Pick the most likely next token until every row has produced eos_id (lesson 08).
+
+    Returns (B, L) ids with L <= max_len: column 0 is bos_id, and every position after a row's
+    eos_id holds pad_id. The model runs in eval mode (no dropout) and its mode is restored after.
+    """
+    _check_decode_args(model, src, bos_id, eos_id, max_len)
+    was_training = model.training
+    model.eval()
+    try:
+        memory, src_mask = model.encode(src)  # (B, S, C), (B, 1, 1, S)
+        B = src.shape[0]
+        ys = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+        done = torch.zeros(B, dtype=torch.bool, device=src.device)  # (B,)
+        for _ in range(max_len - 1):
+            logits = model.decode(ys, memory, src_mask)[:, -1]  # (B, V): only the last position is new
+            next_id = logits.argmax(dim=-1)  # (B,)
+            next_id = torch.where(done, torch.full_like(next_id, model.config.pad_id), next_id)  # (B,)
+            ys = torch.cat([ys, next_id[:, None]], dim=1)  # (B, t) -> (B, t + 1)
+            done |= next_id == eos_id
+            if done.all():
+                break
+        return ys
+    finally:
+        model.train(was_training)
+
+
+def _length_penalty(length: int, alpha: float) -> float:
+    """((5 + |Y|) / 6) ** alpha, the length normalisation of Wu et al. 2016, Eq. 14."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src: torch.Tensor, bos_id: int, eos_id: int, max_len: int,
+                beam_size: int = 4, length_penalty: float = 0.6) -> torch.Tensor:
+    """Keep the beam_size best prefixes at every step; return the best finished one per example (lesson 08).
+
+    Defaults are the 2017 paper's (section 6.1: beam size 4, length penalty alpha = 0.6). A hypothesis
+    Y is scored by log P(Y | src) / ((5 + |Y|) / 6) ** alpha, |Y| counting the tokens after BOS. The
+    examples of the batch are searched one at a time (the beams of one example form a batch); an
+    example stops at max_len or as soon as no live beam can beat the best hypothesis ended by eos_id.
+    Returns (B, L) ids laid out like ``greedy_decode``'s: BOS first, pad_id after eos_id.
+    beam_size=1 gives greedy's output (up to ties between equal logits).
+    """
+    _check_decode_args(model, src, bos_id, eos_id, max_len)
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size <= 0:
+        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+    if length_penalty < 0:
+        raise ValueError(f"length_penalty (alpha) must be >= 0, got {length_penalty!r}")
+    was_training = model.training
+    model.eval()
+    try:
+        best = [_beam_one(model, src[b:b + 1], bos_id, eos_id, max_len, beam_size, length_penalty)
+                for b in range(src.shape[0])]
+    finally:
+        model.train(was_training)
+    L = max(len(ids) for ids in best)
+    out = torch.full((len(best), L), model.config.pad_id, dtype=torch.long, device=src.device)  # (B, L)
+    for b, ids in enumerate(best):
+        out[b, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out
+
+
+def _beam_one(model, src, bos_id, eos_id, max_len, beam_size, alpha) -> list[int]:
+    """Beam search for one example src (1, S); returns the best hypothesis as a list of ids."""
+    memory, src_mask = model.encode(src)  # (1, S, C), (1, 1, 1, S)
+    beams = torch.full((1, 1), bos_id, dtype=torch.long, device=src.device)  # (k, t), k live beams
+    scores = torch.zeros(1, dtype=torch.float64, device=src.device)  # (k,) summed log-probabilities
+    best_score, best_ids = -math.inf, None  # the best hypothesis that has ended in eos so far
+    for _ in range(max_len - 1):
+        k, t = beams.shape
+        logits = model.decode(beams, memory.expand(k, -1, -1), src_mask.expand(k, -1, -1, -1))[:, -1]  # (k, V)
+        logp = torch.log_softmax(logits.double(), dim=-1)  # (k, V)
+        V = logp.shape[-1]
+        total = (scores[:, None] + logp).flatten()  # (k, V) -> (k * V,)
+        # 2 * beam_size candidates, so that beam_size of them can go on even if some end in eos
+        top_scores, top_idx = total.topk(min(2 * beam_size, total.numel()))  # (2k,)
+        keep_rows, keep_scores = [], []
+        for s, i in zip(top_scores.tolist(), top_idx.tolist(), strict=True):
+            row, token = divmod(i, V)
+            ids = beams[row].tolist() + [token]
+            if token == eos_id:
+                normalised = s / _length_penalty(len(ids) - 1, alpha)
+                if normalised > best_score:
+                    best_score, best_ids = normalised, ids
+            else:
+                keep_rows.append(ids)
+                keep_scores.append(s)
+                if len(keep_rows) == beam_size:
+                    break
+        if not keep_rows:
+            break
+        beams = torch.tensor(keep_rows, dtype=torch.long, device=src.device)  # (k', t + 1)
+        scores = torch.tensor(keep_scores, dtype=torch.float64, device=src.device)  # (k',)
+        # Stop once no live beam can win: log-probabilities only fall as tokens are added, and the
+        # penalty is largest at the longest length, so max(scores) / lp(max_len - 1) bounds them all.
+        if best_score >= scores.max().item() / _length_penalty(max_len - 1, alpha):
+            break
+    else:  # max_len reached: the live beams compete as they are, unfinished
+        for s, ids in zip(scores.tolist(), beams.tolist(), strict=True):
+            normalised = s / _length_penalty(len(ids) - 1, alpha)
+            if normalised > best_score:
+                best_score, best_ids = normalised, ids
+    return best_ids

@@ -1,0 +1,479 @@
+"""helpers.transformer against PyTorch's own Transformer modules (float64, copied weights) and invariants."""
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from helpers.masks import causal_mask, padding_mask
+from helpers.transformer import (
+    DecoderLayer,
+    EncoderLayer,
+    FeedForward,
+    Transformer,
+    TransformerConfig,
+    beam_search,
+    greedy_decode,
+)
+
+DT = torch.float64
+PAD, BOS, EOS = 0, 1, 2
+SRC_V, TGT_V = 13, 11
+TOL = 1e-10  # float64: the orders of summation differ, nothing else
+
+
+def rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=DT)
+
+
+def ids(B, L, V, seed, low=3):
+    """(B, L) random non-special ids in [low, V)."""
+    return torch.randint(low, V, (B, L), generator=torch.Generator().manual_seed(seed))
+
+
+def make_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return Transformer(TransformerConfig.tiny(SRC_V, TGT_V, **overrides)).to(DT).eval()
+
+
+def worst(a, b):
+    return (a - b).abs().max().item()
+
+
+# --- copying our weights into PyTorch's modules ------------------------------------------------
+
+@torch.no_grad()
+def copy_mha(ours, theirs: nn.MultiheadAttention):
+    theirs.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
+    theirs.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
+    theirs.out_proj.load_state_dict(ours.w_o.state_dict())
+
+
+@torch.no_grad()
+def copy_encoder_layer(ours: EncoderLayer, theirs: nn.TransformerEncoderLayer):
+    copy_mha(ours.self_attn, theirs.self_attn)
+    theirs.linear1.load_state_dict(ours.ff.linear1.state_dict())
+    theirs.linear2.load_state_dict(ours.ff.linear2.state_dict())
+    theirs.norm1.load_state_dict(ours.norm1.state_dict())
+    theirs.norm2.load_state_dict(ours.norm2.state_dict())
+
+
+@torch.no_grad()
+def copy_decoder_layer(ours: DecoderLayer, theirs: nn.TransformerDecoderLayer):
+    copy_mha(ours.self_attn, theirs.self_attn)
+    copy_mha(ours.cross_attn, theirs.multihead_attn)
+    theirs.linear1.load_state_dict(ours.ff.linear1.state_dict())
+    theirs.linear2.load_state_dict(ours.ff.linear2.state_dict())
+    for i in (1, 2, 3):
+        getattr(theirs, f"norm{i}").load_state_dict(getattr(ours, f"norm{i}").state_dict())
+
+
+def randomise(module, seed):
+    """Give every parameter (LayerNorms included) random values, so that copying mistakes show."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
+
+
+# --- config -----------------------------------------------------------------------------------
+
+def test_config_defaults_are_the_paper_base_sizes_and_base_is_post_ln():
+    c = TransformerConfig(100, 200)
+    assert (c.d_model, c.n_heads, c.d_ff, c.n_encoder_layers, c.n_decoder_layers, c.dropout) == \
+        (512, 8, 2048, 6, 6, 0.1)
+    assert c.norm_first is True and c.pad_id == 0 and c.head_dim == 64
+    b = TransformerConfig.base(100, 200)
+    assert b.norm_first is False and (b.d_model, b.n_heads, b.d_ff) == (512, 8, 2048)
+    t = TransformerConfig.tiny(5, 7, n_heads=2)
+    assert (t.src_vocab_size, t.tgt_vocab_size, t.d_model, t.n_heads) == (5, 7, 32, 2)
+
+
+def test_config_is_frozen():
+    c = TransformerConfig.tiny(5, 5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.d_model = 64
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(d_model=30, n_heads=4), ["d_model=30", "n_heads=4"]),
+    (dict(d_model=0), ["d_model", "positive"]),
+    (dict(n_encoder_layers=-1), ["n_encoder_layers", "-1"]),
+    (dict(dropout=1.0), ["dropout", "[0, 1)"]),
+    (dict(dropout=-0.1), ["dropout", "-0.1"]),
+    (dict(max_len=0), ["max_len"]),
+    (dict(pad_id=5), ["pad_id", "5"]),
+])
+def test_config_rejects_bad_values_with_a_clear_message(kwargs, words):
+    with pytest.raises(ValueError) as err:
+        TransformerConfig.tiny(5, 8, **kwargs)
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_config_rejects_non_bool_norm_first():
+    with pytest.raises(TypeError, match="norm_first"):
+        TransformerConfig.tiny(5, 8, norm_first=1)
+
+
+# --- the blocks against PyTorch ---------------------------------------------------------------
+
+def test_feed_forward_is_relu_between_two_linears():
+    ff = FeedForward(6, 10).to(DT)
+    x = rand(2, 3, 6)
+    expected = ff.linear2(torch.relu(ff.linear1(x)))
+    assert torch.allclose(ff(x), expected, atol=TOL)
+    assert isinstance(ff.dropout, nn.Dropout)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_equals_torch(norm_first):
+    cfg = TransformerConfig.tiny(SRC_V, TGT_V, norm_first=norm_first)
+    torch.manual_seed(0)
+    ours = EncoderLayer(cfg).to(DT).eval()
+    randomise(ours, 1)
+    theirs = nn.TransformerEncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, batch_first=True,
+                                        norm_first=norm_first, dtype=DT).eval()
+    copy_encoder_layer(ours, theirs)
+    x = rand(3, 7, cfg.d_model, seed=2)
+    lengths = torch.tensor([7, 4, 1])
+    keep = padding_mask(lengths, 7)  # (B, 1, 1, S), True = may attend
+    got = ours(x, keep)
+    expected = theirs(x, src_key_padding_mask=~keep[:, 0, 0])  # PyTorch: True = ignore
+    assert worst(got, expected) < TOL, worst(got, expected)
+    # and without a mask
+    assert worst(ours(x), theirs(x)) < TOL
+
+
+def test_post_ln_and_pre_ln_differ():
+    torch.manual_seed(0)
+    post = EncoderLayer(TransformerConfig.tiny(5, 5, norm_first=False)).to(DT)
+    pre = EncoderLayer(TransformerConfig.tiny(5, 5, norm_first=True)).to(DT)
+    pre.load_state_dict(post.state_dict())
+    x = rand(2, 4, 32)
+    assert worst(post(x), pre(x)) > 1e-3
+    # Post-LN ends in a LayerNorm: every position has mean 0 and variance 1 (weight 1, bias 0)
+    out = post(x)
+    assert torch.allclose(out.mean(-1), torch.zeros(2, 4, dtype=DT), atol=1e-9)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer_equals_torch(norm_first):
+    cfg = TransformerConfig.tiny(SRC_V, TGT_V, norm_first=norm_first)
+    torch.manual_seed(0)
+    ours = DecoderLayer(cfg).to(DT).eval()
+    randomise(ours, 3)
+    theirs = nn.TransformerDecoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, batch_first=True,
+                                        norm_first=norm_first, dtype=DT).eval()
+    copy_decoder_layer(ours, theirs)
+    x, memory = rand(2, 5, cfg.d_model, seed=4), rand(2, 6, cfg.d_model, seed=5)
+    mem_keep = padding_mask([6, 3], 6)  # (B, 1, 1, S)
+    got = ours(x, memory, causal_mask(5), mem_keep)
+    expected = theirs(x, memory, tgt_mask=~causal_mask(5), memory_key_padding_mask=~mem_keep[:, 0, 0])
+    assert worst(got, expected) < TOL, worst(got, expected)
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_logits_equal_torch_transformer(norm_first):
+    """Same weights, same embedded inputs, same masks: nn.Transformer + our generator gives our logits."""
+    model = make_model(norm_first=norm_first)
+    randomise(model.encoder.layers, 6)
+    randomise(model.decoder.layers, 7)
+    cfg = model.config
+    ref = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.d_ff,
+                         dropout=0.0, batch_first=True, norm_first=norm_first, dtype=DT).eval()
+    for ours, theirs in zip(model.encoder.layers, ref.encoder.layers, strict=True):
+        copy_encoder_layer(ours, theirs)
+    for ours, theirs in zip(model.decoder.layers, ref.decoder.layers, strict=True):
+        copy_decoder_layer(ours, theirs)
+    ref.encoder.norm.load_state_dict(model.encoder.norm.state_dict())
+    ref.decoder.norm.load_state_dict(model.decoder.norm.state_dict())
+
+    src = ids(3, 8, SRC_V, seed=8)
+    src[1, 5:] = PAD
+    src[2, 2:] = PAD
+    tgt = ids(3, 6, TGT_V, seed=9)
+    tgt[:, 0] = BOS
+    tgt[0, 4:] = PAD
+    got = model(src, tgt)  # (B, T, V)
+    hidden = ref(model.encoder.embed_tokens(src), model.decoder.embed_tokens(tgt),
+                 tgt_mask=~causal_mask(6), src_key_padding_mask=src == PAD,
+                 tgt_key_padding_mask=tgt == PAD, memory_key_padding_mask=src == PAD)
+    expected = model.generator(hidden)
+    assert got.shape == (3, 6, TGT_V)
+    assert worst(got, expected) < TOL, worst(got, expected)
+
+
+def test_embeddings_are_scaled_by_sqrt_d_model_and_pad_embeds_to_zero():
+    model = make_model()
+    src = torch.tensor([[3, 0]])
+    x = model.encoder.embed_tokens(src)
+    pe = model.encoder.pos.pe[:2].to(DT)
+    assert torch.allclose(x[0, 0], model.encoder.embed.weight[3] * 32 ** 0.5 + pe[0], atol=TOL)
+    assert torch.allclose(x[0, 1], pe[1], atol=TOL)  # the pad row of the embedding is zero
+
+
+# --- invariants (hypothesis) ------------------------------------------------------------------
+
+MODEL = make_model(seed=11)
+
+
+@given(B=st.integers(1, 3), S=st.integers(1, 9), T=st.integers(2, 9), cut=st.integers(1, 8),
+       seed=st.integers(0, 10_000))
+def test_future_targets_do_not_change_earlier_logits(B, S, T, cut, seed):
+    cut = min(cut, T - 1)
+    src, tgt = ids(B, S, SRC_V, seed), ids(B, T, TGT_V, seed + 1)
+    changed = tgt.clone()
+    changed[:, cut:] = ids(B, T - cut, TGT_V, seed + 2)
+    a, b = MODEL(src, tgt), MODEL(src, changed)
+    assert torch.allclose(a[:, :cut], b[:, :cut], atol=TOL)
+    if not torch.equal(tgt[:, cut:], changed[:, cut:]):
+        assert not torch.allclose(a[:, cut:], b[:, cut:], atol=1e-6)  # the future does matter later
+
+
+@given(B=st.integers(1, 3), S=st.integers(1, 8), extra=st.integers(1, 6), T=st.integers(1, 6),
+       seed=st.integers(0, 10_000))
+def test_appending_source_padding_changes_nothing(B, S, extra, T, seed):
+    src, tgt = ids(B, S, SRC_V, seed), ids(B, T, TGT_V, seed + 1)
+    padded = torch.cat([src, torch.full((B, extra), PAD)], dim=1)  # (B, S) -> (B, S + extra)
+    assert torch.allclose(MODEL(src, tgt), MODEL(padded, tgt), atol=TOL)
+
+
+@given(S=st.integers(2, 8), T=st.integers(1, 6), seed=st.integers(0, 10_000))
+def test_batch_items_are_independent(S, T, seed):
+    src, tgt = ids(3, S, SRC_V, seed), ids(3, T, TGT_V, seed + 1)
+    src[1, S // 2:] = PAD  # a padded row in the middle of the batch
+    together = MODEL(src, tgt)
+    for b in range(3):
+        alone = MODEL(src[b:b + 1], tgt[b:b + 1])
+        assert torch.allclose(together[b:b + 1], alone, atol=TOL)
+
+
+def test_source_pads_are_invisible_to_the_decoder():
+    """Changing what the encoder computes at pad positions must not move the logits."""
+    src, tgt = ids(2, 6, SRC_V, 1), ids(2, 4, TGT_V, 2)
+    src[:, 4:] = PAD
+    memory, src_mask = MODEL.encode(src)
+    noisy = memory.clone()
+    noisy[:, 4:] += 100.0
+    assert torch.allclose(MODEL.decode(tgt, memory, src_mask), MODEL.decode(tgt, noisy, src_mask), atol=TOL)
+    assert not torch.allclose(MODEL.decode(tgt, memory, None), MODEL.decode(tgt, noisy, None), atol=1e-3)
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+def test_out_of_range_id_names_the_id_and_the_vocabulary():
+    src = ids(2, 4, SRC_V, 0)
+    src[1, 2] = SRC_V + 4
+    with pytest.raises(ValueError) as err:
+        MODEL(src, ids(2, 3, TGT_V, 1))
+    assert f"token id {SRC_V + 4}" in str(err.value) and f"size {SRC_V}" in str(err.value)
+    assert "(1, 2)" in str(err.value)
+    with pytest.raises(ValueError, match="token id -1"):
+        MODEL(ids(1, 3, SRC_V, 0), torch.tensor([[1, -1]]))
+
+
+def test_too_long_sequence_names_the_length_and_max_len():
+    with pytest.raises(ValueError) as err:
+        MODEL(ids(1, 65, SRC_V, 0), ids(1, 3, TGT_V, 1))
+    assert "length 65" in str(err.value) and "max_len=64" in str(err.value)
+
+
+@pytest.mark.parametrize("bad, exc, words", [
+    (torch.ones(2, 3), TypeError, ["integer", "float32"]),
+    (torch.ones(2, 3, dtype=torch.bool), TypeError, ["integer", "bool"]),
+    (torch.ones(3, dtype=torch.long), ValueError, ["(B, L)", "(3)"]),
+    (torch.ones(1, 2, 3, dtype=torch.long), ValueError, ["(B, L)", "(1, 2, 3)"]),
+    ([[1, 2]], TypeError, ["torch.Tensor", "list"]),
+])
+def test_wrong_dtype_or_ndim_is_named(bad, exc, words):
+    with pytest.raises(exc) as err:
+        MODEL(bad, ids(1, 3, TGT_V, 1))
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_batch_mismatch_and_bad_memory_are_named():
+    with pytest.raises(ValueError, match="same batch size"):
+        MODEL(ids(2, 3, SRC_V, 0), ids(3, 3, TGT_V, 1))
+    with pytest.raises(ValueError, match="memory must have shape"):
+        MODEL.decode(ids(2, 3, TGT_V, 1), rand(2, 4, 16))
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+def test_greedy_decode_layout_and_stops_at_eos():
+    src = ids(4, 6, SRC_V, 3)
+    out = greedy_decode(MODEL, src, BOS, EOS, max_len=12)
+    assert out.dtype == torch.long and out.shape[0] == 4 and 2 <= out.shape[1] <= 12
+    assert (out[:, 0] == BOS).all()
+    for row in out.tolist():
+        if EOS in row:
+            after = row[row.index(EOS) + 1:]
+            assert all(t == PAD for t in after)
+    # every row's tokens are the argmax of the model's logits on its own prefix
+    logits = MODEL(src, out[:, :-1])
+    pred = logits.argmax(-1)
+    for b, row in enumerate(out.tolist()):
+        end = row.index(EOS) if EOS in row else len(row) - 1
+        assert pred[b, :end].tolist() == row[1:end + 1]
+
+
+def test_greedy_decode_stops_once_every_row_has_eos():
+    model = make_model(seed=5)
+    with torch.no_grad():  # make eos the runaway favourite
+        model.generator.bias.zero_()
+        model.generator.bias[EOS] = 100.0
+    out = greedy_decode(model, ids(3, 4, SRC_V, 0), BOS, EOS, max_len=20)
+    assert out.tolist() == [[BOS, EOS]] * 3
+
+
+class Scripted(Transformer):
+    """A Transformer whose next-token distribution is written by hand, to test the decoders exactly.
+
+    encode() hands the source ids on as the "memory"; decode() looks up the last position's
+    distribution in ``table`` (prefix -> {token: probability}) or, without a table, emits eos once
+    the prefix is as long as the row's first source id and token 3 before that.
+    """
+
+    def __init__(self, table=None):
+        super().__init__(TransformerConfig.tiny(SRC_V, TGT_V))
+        self.table = table
+
+    def encode(self, src):
+        return src.to(DT)[..., None], torch.ones(src.shape[0], 1, 1, src.shape[1], dtype=torch.bool)
+
+    def decode(self, tgt, memory, src_mask=None):
+        B, T = tgt.shape
+        logits = torch.full((B, T, TGT_V), -1e9, dtype=DT)  # (B, T, V)
+        for b, row in enumerate(tgt.tolist()):
+            if self.table is None:
+                logits[b, -1, EOS if T >= memory[b, 0, 0] else 3] = 0.0
+            else:
+                for token, prob in self.table.get(tuple(row), {EOS: 1.0}).items():  # unlisted: stop
+                    logits[b, -1, token] = torch.log(torch.tensor(prob, dtype=DT))
+        return logits
+
+
+def test_greedy_decode_pads_rows_that_finished_early():
+    out = greedy_decode(Scripted(), torch.tensor([[1], [3], [2]]), BOS, EOS, max_len=10)
+    assert out.tolist() == [[BOS, EOS, PAD, PAD], [BOS, 3, 3, EOS], [BOS, 3, EOS, PAD]]
+    cut = greedy_decode(Scripted(), torch.tensor([[1], [9]]), BOS, EOS, max_len=4)  # row 1 hits max_len
+    assert cut.tolist() == [[BOS, EOS, PAD, PAD], [BOS, 3, 3, 3]]
+
+
+A, B_ = 4, 5
+BEAM_TABLE = {(BOS,): {EOS: 0.4, A: 0.6}, (BOS, A): {EOS: 0.6, B_: 0.4}, (BOS, A, B_): {EOS: 1.0}}
+
+
+@pytest.mark.parametrize("beam_size, alpha, expected", [
+    (1, 0.0, [BOS, A, EOS]),  # greedy: 0.6 * 0.6 = 0.36
+    (4, 0.0, [BOS, EOS]),  # the beam finds the more likely short answer, 0.4
+    (4, 3.0, [BOS, A, B_, EOS]),  # a strong length penalty favours the longest: log(0.24) / (8/6)^3
+])
+def test_beam_search_on_a_hand_written_distribution(beam_size, alpha, expected):
+    out = beam_search(Scripted(BEAM_TABLE), torch.tensor([[3]]), BOS, EOS, max_len=6,
+                      beam_size=beam_size, length_penalty=alpha)
+    assert out[0].tolist() == expected
+
+
+def test_decoders_restore_training_mode():
+    model = make_model(dropout=0.2).train()
+    greedy_decode(model, ids(1, 3, SRC_V, 0), BOS, EOS, 5)
+    beam_search(model, ids(1, 3, SRC_V, 0), BOS, EOS, 5)
+    assert model.training
+
+
+@settings(max_examples=15)  # each example decodes up to 10 steps twice
+@given(seed=st.integers(0, 10_000), B=st.integers(1, 3))
+def test_beam_size_one_equals_greedy(seed, B):
+    src = ids(B, 5, SRC_V, seed)
+    src[0, 3:] = PAD
+    g = greedy_decode(MODEL, src, BOS, EOS, max_len=10)
+    b = beam_search(MODEL, src, BOS, EOS, max_len=10, beam_size=1)
+    assert torch.equal(g, b)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 3.0])
+def test_exhaustive_beam_finds_the_best_normalised_hypothesis(alpha):
+    """With a beam wider than the whole search space, beam search must return the brute-force optimum."""
+    src = ids(1, 5, SRC_V, 4)
+    lp = lambda n: ((5 + n) / 6) ** alpha  # noqa: E731  (Wu et al. 2016, |Y| = tokens after BOS)
+    logp1 = torch.log_softmax(MODEL(src, torch.tensor([[BOS]]))[0, 0], -1)  # (V,)
+    candidates = {(BOS, EOS): logp1[EOS].item() / lp(1)}
+    for y1 in range(TGT_V):
+        if y1 == EOS:
+            continue
+        logp2 = torch.log_softmax(MODEL(src, torch.tensor([[BOS, y1]]))[0, 1], -1)  # (V,)
+        for y2 in range(TGT_V):  # max_len 3: either ends in eos or is cut off at length 3
+            candidates[(BOS, y1, y2)] = (logp1[y1] + logp2[y2]).item() / lp(2)
+    best = max(candidates, key=candidates.get)
+    out = beam_search(MODEL, src, BOS, EOS, max_len=3, beam_size=200, length_penalty=alpha)
+    assert tuple(out[0].tolist()) == best
+
+
+def test_beam_search_batch_layout():
+    src = ids(3, 4, SRC_V, 2)
+    out = beam_search(MODEL, src, BOS, EOS, max_len=9, beam_size=3)
+    assert out.shape[0] == 3 and out.shape[1] <= 9 and (out[:, 0] == BOS).all()
+    for b in range(3):  # each row is what searching that example alone gives
+        alone = beam_search(MODEL, src[b:b + 1], BOS, EOS, max_len=9, beam_size=3)[0]
+        assert out[b, :alone.shape[0]].tolist() == alone.tolist()
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(max_len=1), ["max_len", "1"]),
+    (dict(max_len=65), ["max_len", "64"]),
+    (dict(bos_id=PAD), ["bos_id", "pad_id"]),
+    (dict(eos_id=TGT_V), ["eos_id", str(TGT_V)]),
+])
+def test_decode_arguments_are_checked(kwargs, words):
+    args = dict(bos_id=BOS, eos_id=EOS, max_len=5) | kwargs
+    with pytest.raises(ValueError) as err:
+        greedy_decode(MODEL, ids(1, 3, SRC_V, 0), **args)
+    for w in words:
+        assert w in str(err.value)
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(MODEL, ids(1, 3, SRC_V, 0), BOS, EOS, 5, beam_size=0)
+
+
+# --- the exercise checks of lesson 07 ---------------------------------------------------------
+
+def _rms_norm(x, gain, eps=1e-6):
+    return gain * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _params(d, f, n, v):
+    attention, ffn = 4 * (d * d + d), 2 * d * f + f + d
+    return n * (3 * attention + 2 * ffn + 5 * 2 * d) + 4 * d + v * d  # 1 + 2 attentions, 2 + 3 norms
+
+
+CHECK_CASES = [  # (check, right answer, typical bug, words the bug's message must contain)
+    ("check_rms_norm", _rms_norm,
+     lambda x, g, eps=1e-6: g * (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False)
+                                                                           + eps), "that is LayerNorm"),
+    ("check_feed_forward_gelu", lambda x, w1, b1, w2, b2: torch.nn.functional.gelu(x @ w1.T + b1) @ w2.T + b2,
+     lambda x, w1, b1, w2, b2: torch.relu(x @ w1.T + b1) @ w2.T + b2, "you used ReLU"),
+    ("check_deepnorm_sublayer", lambda x, s, n, a: n(a * x + s(x)), lambda x, s, n, a: n(x + a * s(x)),
+     "alpha scales the sub-layer"),
+    ("check_transformer_params", _params, lambda d, f, n, v: _params(d, f, n, v) + 2 * v * d, "counted three times"),
+]
+
+
+@pytest.mark.parametrize("name, right, bug, words", CHECK_CASES, ids=[c[0] for c in CHECK_CASES])
+def test_lesson07_checks(name, right, bug, words, capsys):
+    import helpers.checks as checks
+
+    check = getattr(checks, name)
+    assert check(right)
+    assert "✓" in capsys.readouterr().out
+    assert not check(lambda *a, **k: None)
+    assert "not implemented yet" in capsys.readouterr().out
+    assert not check(bug)
+    assert words in capsys.readouterr().out
+    assert not check(lambda *a, **k: 1 / 0)  # a crash in the learner's code is reported, not raised
+    assert "ZeroDivisionError" in capsys.readouterr().out
