@@ -1,5 +1,108 @@
-"""Exercise checks of lesson 04 (each one prints a single line and returns True or False)."""
+"""Exercise checks of lesson 04, multi-head attention (each prints a single line, returns True/False)."""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import torch
+import torch.nn.functional as F
+
+from helpers.attention import scaled_dot_product_attention
+from helpers.checks._core import Case, CheckResult, run_check
+
+__all__ = ["check_mha_param_count", "check_split_qkv", "check_grouped_query_attention", "check_pattern_mass"]
+
+
+def _randn(g, *shape):
+    return torch.randn(*shape, generator=g)
+
+
+def mha_param_count_reference(d_model: int, n_heads: int, bias: bool = True) -> int:
+    """Parameters of multi-head attention: four C x C projections (+ four biases of C) (lesson 04)."""
+    return 4 * d_model * d_model + (4 * d_model if bias else 0)
+
+
+def check_mha_param_count(fn) -> CheckResult:
+    """Check ``mha_param_count(d_model, n_heads, bias) -> int`` (lesson 04, exercise 1)."""
+    cases = [
+        Case("d_model=12, n_heads=3, bias=True", (12, 3, True)),
+        Case("d_model=512, n_heads=8, bias=True", (512, 8, True)),
+        Case("d_model=64, n_heads=4, bias=False", (64, 4, False)),
+        Case("d_model=64, n_heads=1, bias=False", (64, 1, False)),
+    ]
+
+    def as_int(*args):
+        got = fn(*args)
+        return None if got is None else int(got)
+
+    return run_check("mha_param_count", as_int, mha_param_count_reference, cases)
+
+
+def split_qkv_reference(x, in_proj_weight, in_proj_bias, n_heads):
+    """Project x (B, T, C) with a stacked (3C, C) weight, split into q, k, v, each (B, H, T, D) (lesson 04)."""
+    B, T, C = x.shape
+    qkv = F.linear(x, in_proj_weight, in_proj_bias)  # (B, T, C) -> (B, T, 3C)
+    q, k, v = qkv.split(C, dim=-1)  # 3 x (B, T, C)
+    return tuple(t.view(B, T, n_heads, C // n_heads).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+
+
+def check_split_qkv(fn) -> CheckResult:
+    """Check ``split_qkv(x, in_proj_weight, in_proj_bias, n_heads) -> (q, k, v)`` (lesson 04, exercise 2)."""
+    g = torch.Generator().manual_seed(4)
+    cases = []
+    for B, T, C, H in [(2, 5, 12, 3), (1, 4, 8, 2), (3, 2, 16, 4)]:
+        cases.append(Case(f"x ({B}, {T}, {C}), {H} heads", (_randn(g, B, T, C), _randn(g, 3 * C, C),
+                                                            _randn(g, 3 * C), H)))
+    return run_check("split_qkv", fn, split_qkv_reference, cases)
+
+
+def grouped_query_attention_reference(q, k, v):
+    """Attention where G key/value heads serve H query heads, H // G each, in order (lesson 04)."""
+    H, G = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(H // G, dim=1)  # (B, G, S, D) -> (B, H, S, D): group g serves heads g*H/G ...
+    v = v.repeat_interleave(H // G, dim=1)  # (B, G, S, D) -> (B, H, S, D)
+    return scaled_dot_product_attention(q, k, v)[0]  # (B, H, T, D)
+
+
+def _output_only(got, expected):
+    """Accept either `out` or `(out, weights)` from the learner; compare the output."""
+    return got[0] if isinstance(got, (tuple, list)) else got
+
+
+def check_grouped_query_attention(fn) -> CheckResult:
+    """Check ``grouped_query_attention(q (B,H,T,D), k (B,G,S,D), v (B,G,S,D)) -> (B,H,T,D)`` (lesson 04, ex. 3)."""
+    g = torch.Generator().manual_seed(5)
+    cases = [
+        Case("H=4 query heads sharing G=2 key/value heads", (_randn(g, 2, 4, 3, 8), _randn(g, 2, 2, 5, 8),
+                                                              _randn(g, 2, 2, 5, 8))),
+        Case("H=6 query heads sharing G=3 key/value heads", (_randn(g, 1, 6, 4, 4), _randn(g, 1, 3, 4, 4),
+                                                              _randn(g, 1, 3, 4, 4))),
+        Case("G=1 (multi-query attention)", (_randn(g, 2, 4, 3, 8), _randn(g, 2, 1, 6, 8), _randn(g, 2, 1, 6, 8))),
+        Case("G=H (plain multi-head attention)", (_randn(g, 1, 2, 3, 4), _randn(g, 1, 2, 3, 4),
+                                                  _randn(g, 1, 2, 3, 4))),
+    ]
+    return run_check("grouped_query_attention", fn, grouped_query_attention_reference, cases,
+                     adapt=_output_only)
+
+
+def pattern_mass_reference(weights, pattern):
+    """Each head's mean attention mass on a (T, S) boolean pattern, over rows that have one (lesson 04)."""
+    rows = pattern.any(dim=-1)  # (T,): queries for which the pattern says something
+    mass = (weights * pattern).sum(dim=-1)  # (B, H, T, S) -> (B, H, T)
+    return mass[..., rows].mean(dim=(0, 2))  # (B, H, T') -> (H,)
+
+
+def check_pattern_mass(fn) -> CheckResult:
+    """Check ``pattern_mass(weights (B, H, T, S), pattern (T, S) bool) -> (H,)`` (lesson 04, exercise 4)."""
+    g = torch.Generator().manual_seed(6)
+    weights = _randn(g, 3, 2, 6, 6).mul(2).softmax(dim=-1)  # (B, H, T, S)
+    previous = torch.ones(6, 6, dtype=torch.bool).tril(-1).triu(-1)  # s = t - 1; row 0 is empty
+    first = torch.zeros(6, 6, dtype=torch.bool)
+    first[:, 0] = True
+    cross = _randn(g, 4, 2, 3, 5).softmax(dim=-1)  # (B, H, T, S) with T != S
+    two_keys = torch.zeros(3, 5, dtype=torch.bool)
+    two_keys[:, [1, 3]] = True
+    cases = [
+        Case("pattern 'first key' (every row has one True)", (weights, first)),
+        Case("pattern 'previous key' (row 0 has no True and must be left out)", (weights, previous)),
+        Case("cross-attention weights (B=4, H=2, T=3, S=5), pattern 'keys 1 and 3'", (cross, two_keys)),
+    ]
+    return run_check("pattern_mass", fn, pattern_mass_reference, cases)
