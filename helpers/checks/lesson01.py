@@ -2,4 +2,105 @@
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import torch
+from torch import nn
+
+from helpers.checks._core import Case, CheckResult, run_check
+
+__all__ = ["check_additive_scores", "check_attention_read", "check_input_gradient_norms",
+           "check_alignment_accuracy"]
+
+
+def _additive_scores(s, h, W, U, b, v):
+    # v^T tanh(W s + U h_j + b) for every source position j (Bahdanau et al. 2015, appendix A.1.2)
+    return torch.tanh((s @ W.T)[:, None, :] + h @ U.T + b) @ v  # (B, 1, A) + (B, S, A) -> (B, S)
+
+
+def check_additive_scores(fn) -> CheckResult:
+    """Check ``additive_scores(s (B, Dq), h (B, S, E), W (A, Dq), U (A, E), b (A,), v (A,)) -> (B, S)`` (lesson 01)."""
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g) * scale
+
+    cases = [
+        Case("B=1, S=3, all widths 4", (r(1, 4), r(1, 3, 4), r(4, 4), r(4, 4), r(4), r(4))),
+        Case("B=2, S=5, query width Dq=3, state width E=6, A=4",
+             (r(2, 3), r(2, 5, 6), r(4, 3), r(4, 6), r(4), r(4))),
+        Case("large inputs, where tanh saturates near +-1",
+             (r(2, 3, scale=5), r(2, 4, 3, scale=5), r(5, 3), r(5, 3), r(5), r(5))),
+    ]
+    return run_check("additive_scores", fn, _additive_scores, cases)
+
+
+def _attention_read(scores, h, mask):
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)  # (B, S)
+    return (weights[:, None, :] @ h)[:, 0], weights  # (B, E), (B, S)
+
+
+def check_attention_read(fn) -> CheckResult:
+    """Check ``attention_read(scores (B, S), h (B, S, E), mask (B, S)) -> (context (B, E), weights)`` (lesson 01)."""
+    g = torch.Generator().manual_seed(1)
+    full = torch.ones(2, 4, dtype=torch.bool)
+    padded = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    cases = [
+        Case("B=2, S=4, no padding (mask all True)",
+             (torch.randn(2, 4, generator=g), torch.randn(2, 4, 3, generator=g), full)),
+        Case("row 1 has 2 padded positions (mask False there: they must get weight 0)",
+             (torch.randn(2, 5, generator=g), torch.randn(2, 5, 3, generator=g), padded)),
+        Case("scores of size 1e3 with padding (a naive exp overflows)",
+             (torch.randn(2, 5, generator=g) * 1e3, torch.randn(2, 5, 3, generator=g), padded)),
+    ]
+    return run_check("attention_read", fn, _attention_read, cases)
+
+
+def _input_gradient_norms(rnn, x):
+    x = x.detach().clone().requires_grad_(True)
+    out, _ = rnn(x[None])  # (1, L, C) -> (1, L, hidden)
+    out[0, -1].sum().backward()  # the loss reads only the last state
+    return x.grad.norm(dim=-1)  # (L, C) -> (L,)
+
+
+def check_input_gradient_norms(fn) -> CheckResult:
+    """Check ``input_gradient_norms(rnn, x (L, C)) -> (L,)``, loss = sum of the last state (lesson 01)."""
+    with torch.random.fork_rng():  # the same RNNs every time, without touching the learner's seed
+        torch.manual_seed(0)
+        small, wide = nn.RNN(3, 8, batch_first=True), nn.RNN(5, 16, batch_first=True)
+    g = torch.Generator().manual_seed(2)
+    cases = [
+        Case("an RNN(3 -> 8) on a sequence of L=6 inputs", (small, torch.randn(6, 3, generator=g))),
+        Case("an RNN(5 -> 16) on a sequence of L=20 inputs (early norms are tiny)",
+             (wide, torch.randn(20, 5, generator=g))),
+    ]
+
+    def learner(rnn, x):
+        rnn.zero_grad(set_to_none=True)
+        got = fn(rnn, x)
+        return got.detach() if isinstance(got, torch.Tensor) else got
+
+    return run_check("input_gradient_norms", learner, _input_gradient_norms, cases, atol=1e-9, rtol=1e-4)
+
+
+def _alignment_accuracy(weights, lengths):
+    hits = total = 0
+    for b, L in enumerate(lengths.tolist()):
+        best = weights[b, :L].argmax(dim=-1)  # (L,) most attended source position of each real output
+        hits += (best == torch.arange(L - 1, -1, -1)).sum().item()  # reversal: output i reads L-1-i
+        total += L
+    return hits / total
+
+
+def check_alignment_accuracy(fn) -> CheckResult:
+    """Check ``alignment_accuracy(weights (B, T, S), lengths (B,)) -> float`` for reversal (lesson 01)."""
+    g = torch.Generator().manual_seed(3)
+    perfect = torch.flip(torch.eye(4), dims=[1])[None]  # (1, 4, 4): output i on input 3 - i
+    noisy = torch.softmax(torch.randn(2, 6, 5, generator=g) * 3, dim=-1)  # (B, T, S)
+    noisy[1, :, 3:] = 0.0  # row 1 has length 3: its padded source positions get no weight
+    cases = [
+        Case("one perfect reversal alignment of length 4", (perfect, torch.tensor([4]))),
+        Case("random weights, lengths [5, 3] (only outputs i < length count)", (noisy, torch.tensor([5, 3]))),
+        Case("lengths [2, 3] with rows for padded outputs that must be ignored",
+             (noisy, torch.tensor([2, 3]))),
+    ]
+    return run_check("alignment_accuracy", lambda w, n: None if (a := fn(w, n)) is None else float(a),
+                     _alignment_accuracy, cases)
