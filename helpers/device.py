@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,3 +84,62 @@ def benchmark(fn, *args, warmup: int = 3, min_run_time: float = 0.2, device=None
 
     m = tbench.Timer(stmt="call()", globals={"call": call}).blocked_autorange(min_run_time=min_run_time)
     return Timing(median_s=m.median, iqr_s=m.iqr, runs=len(m.times))
+
+
+def peak_memory(fn, *args, device=None, **kwargs) -> int:
+    """Peak bytes that fn(*args, **kwargs) allocates above what was allocated before it (lesson 09).
+
+    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the
+    baseline. CPU, which keeps no such counter: ``torch.profiler`` with ``profile_memory=True``
+    records every allocation (+bytes) and free (-bytes) in order; the answer is the largest
+    running sum. Both count the returned tensors, which are still alive when fn returns.
+    """
+    device = torch.device(device) if device is not None else get_device()
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        baseline = torch.cuda.memory_allocated(device)
+        out = fn(*args, **kwargs)
+        synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - baseline
+        del out
+        return int(peak)
+    if device.type != "cpu":
+        raise ValueError(f"peak_memory measures 'cpu' and 'cuda' devices, got {str(device)!r}; "
+                         "MPS reports no peak (use COURSE_DEVICE=cpu)")
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _quiet_stderr():  # the profiler logs its start and stop, with timestamps, to the C++ stderr
+        prof.start()
+    try:
+        out = fn(*args, **kwargs)
+        del out
+    finally:
+        with _quiet_stderr():
+            prof.stop()
+    # "[memory]" events carry +nbytes for an allocation and -nbytes for a free, in time order
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
+    events.sort(key=lambda e: e.start_ns() if hasattr(e, "start_ns") else e.start_us())
+    running = peak = 0
+    for e in events:
+        running += e.nbytes()
+        peak = max(peak, running)
+    return int(peak)
+
+
+@contextmanager
+def _quiet_stderr():
+    """Silence writes to file descriptor 2 for a moment (what torch's C++ code logs goes there)."""
+    fd = 2  # the process's own stderr, which Jupyter forwards into the notebook
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), fd)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)

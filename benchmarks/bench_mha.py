@@ -1,0 +1,166 @@
+"""The course's MultiHeadAttention against torch.nn.MultiheadAttention with the same weights.
+
+Three contestants on the same self-attention input (B, T, C): the course's module (lesson 04),
+which always returns the (B, H, T, S) weights; nn.MultiheadAttention asked for its weights
+(``need_weights=True``, the same work); and nn.MultiheadAttention without them
+(``need_weights=False``), which lets torch use its fused kernels. The outputs are checked to be
+equal before anything is timed.
+
+    python benchmarks/bench_mha.py            # default sizes for the device
+    python benchmarks/bench_mha.py --quick    # small sizes, seconds
+    python benchmarks/bench_mha.py --sizes 256 1024 --modes fwd
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from common import (
+    DTYPES,
+    dtype_supported,
+    environment,
+    fmt_mib,
+    fmt_ms,
+    fmt_ratio,
+    markdown_table,
+    pick_device,
+    time_side_by_side,
+    write_results,
+)
+from torch import nn
+
+from helpers.attention import MultiHeadAttention
+from helpers.device import peak_memory
+
+
+def twins(d_model: int, n_heads: int, device, dtype):
+    """A course MultiHeadAttention and an nn.MultiheadAttention holding the same weights, in eval mode."""
+    ours = MultiHeadAttention(d_model, n_heads)
+    theirs = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+    with torch.no_grad():  # torch keeps W_Q, W_K, W_V stacked in one (3C, C) matrix
+        theirs.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
+        theirs.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
+        theirs.out_proj.weight.copy_(ours.w_o.weight)
+        theirs.out_proj.bias.copy_(ours.w_o.bias)
+    return ours.to(device, dtype).eval(), theirs.to(device, dtype).eval()
+
+
+def make_call(fn, x, mode):
+    if mode == "fwd":
+        def forward():
+            with torch.no_grad():
+                return fn(x)
+        return forward
+    grad_out = torch.randn_like(x)
+
+    def forward_backward():
+        out = fn(x)
+        return torch.autograd.grad(out, [x], grad_out)
+    return forward_backward
+
+
+def run(args, device) -> list[dict]:
+    rows = []
+    for dtype_name in args.dtypes:
+        dtype = DTYPES[dtype_name]
+        if not dtype_supported(dtype, device):
+            print(f"skip {dtype_name}: not supported natively on {device}")
+            continue
+        torch.manual_seed(0)
+        ours, theirs = twins(args.d_model, args.heads, device, dtype)
+        contestants = {
+            "course": lambda x, m=ours: m(x, x, x)[0],
+            "torch_weights": lambda x, m=theirs: m(x, x, x, need_weights=True)[0],
+            "torch_fused": lambda x, m=theirs: m(x, x, x, need_weights=False)[0],
+        }
+        for mode in args.modes:
+            for T in args.sizes:
+                x = torch.randn(args.batch, T, args.d_model, device=device, dtype=dtype,
+                                requires_grad=(mode != "fwd"))  # (B, T, C)
+                with torch.no_grad():
+                    ref = contestants["course"](x).float()
+                    diff = max((contestants[n](x).float() - ref).abs().max().item()
+                               for n in ("torch_weights", "torch_fused"))
+                # relative to the size of the outputs; half precision keeps 2-3 significant digits
+                tol = (1e-4 if dtype == torch.float32 else 3e-2) * max(1.0, ref.abs().max().item())
+                if diff > tol:
+                    raise AssertionError(f"outputs differ by {diff:.3g} > {tol} at T={T} {dtype_name}")
+                fns = {name: make_call(fn, x, mode) for name, fn in contestants.items()}
+                t = time_side_by_side(fns, device, repeats=args.repeats, warmup=args.warmup)
+                mem = {name: peak_memory(fn, device=device) for name, fn in fns.items()}
+                row = dict(dtype=dtype_name, mode=mode, B=args.batch, T=T, C=args.d_model, H=args.heads,
+                           max_abs_diff=diff, timings=t, peak_bytes=mem,
+                           **{f"{n}_s": t[n]["median_s"] for n in fns})
+                row["course_vs_torch_weights"] = row["course_s"] / row["torch_weights_s"]
+                row["course_vs_torch_fused"] = row["course_s"] / row["torch_fused_s"]
+                rows.append(row)
+                print(f"{dtype_name} {mode:6} T={T:5}: course {fmt_ms(row['course_s'])} ms, torch(weights) "
+                      f"{fmt_ms(row['torch_weights_s'])} ms, torch(fused) {fmt_ms(row['torch_fused_s'])} ms, "
+                      f"max |diff| {diff:.2g}", flush=True)
+    return rows
+
+
+def markdown(rows) -> str:
+    if not rows:
+        return "No rows."
+    r0 = rows[0]
+    head = (f"## Self-attention, B={r0['B']}, C={r0['C']}, H={r0['H']}\n\n`course` = "
+            "helpers.attention.MultiHeadAttention; `torch (weights)` = nn.MultiheadAttention(need_weights=True); "
+            "`torch (fused)` = need_weights=False. Ratios are the course's time divided by torch's "
+            "(above 1: the course module is slower). |diff| is the largest output difference.\n\n")
+    table = markdown_table(
+        ["dtype", "pass", "T", "course ms", "torch (weights) ms", "torch (fused) ms", "course / weights",
+         "course / fused", "course MiB", "torch (fused) MiB", "max abs diff"],
+        [[r["dtype"], r["mode"], r["T"], fmt_ms(r["course_s"]), fmt_ms(r["torch_weights_s"]),
+          fmt_ms(r["torch_fused_s"]), fmt_ratio(r["course_vs_torch_weights"]), fmt_ratio(r["course_vs_torch_fused"]),
+          fmt_mib(r["peak_bytes"]["course"]), fmt_mib(r["peak_bytes"]["torch_fused"]), f"{r['max_abs_diff']:.1e}"]
+         for r in rows])
+    return head + table
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", help="cpu or cuda (default: the course's get_device())")
+    p.add_argument("--sizes", type=int, nargs="+", help="sequence lengths T")
+    p.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=None,
+                   help="default: fp32 on CPU, fp32 and bf16 on CUDA")
+    p.add_argument("--modes", nargs="+", choices=["fwd", "fwdbwd"], default=["fwd", "fwdbwd"])
+    p.add_argument("--batch", type=int, default=None, help="B (default 4 on CPU, 8 on CUDA)")
+    p.add_argument("--d-model", type=int, default=None, help="C (default 256 on CPU, 1024 on CUDA)")
+    p.add_argument("--heads", type=int, default=None, help="H (default 8 on CPU, 16 on CUDA)")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    p.add_argument("--quick", action="store_true", help="small sizes and few repeats, for a smoke test")
+    p.add_argument("--tag", default="", help="suffix of the result file names")
+    p.add_argument("--no-write", action="store_true", help="print only, write no result files")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    device = pick_device(args.device)
+    cuda = device.type == "cuda"
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.sizes is None:
+        args.sizes = [32, 64, 128] if args.quick else ([256, 512, 1024, 2048, 4096] if cuda else [64, 128, 256, 512])
+    args.dtypes = args.dtypes or (["fp32", "bf16"] if cuda else ["fp32"])
+    args.batch = args.batch or (8 if cuda else 4)
+    args.d_model = args.d_model or (1024 if cuda else 256)
+    args.heads = args.heads or (16 if cuda else 8)
+    args.repeats = args.repeats or (3 if args.quick else (10 if cuda else 7))
+    env = environment(device)
+    print(f"multi-head attention benchmark on {env['device_name']} ({device}), torch {env['torch']}", flush=True)
+    rows = run(args, device)
+    payload = dict(benchmark="mha", environment=env, settings=vars(args), rows=rows)
+    if not args.no_write:
+        for path in write_results("mha", device, payload, markdown(rows), args.tag):
+            print("wrote", path)
+    return payload
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,334 @@
+"""helpers.scale (lesson 09): the KV cache against uncached decoding, sparse masks, FLOPs, peak memory."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers.attention import scaled_dot_product_attention
+from helpers.checks import check_global_window_mask, check_kept_pairs, check_kv_cache_bytes, check_local_attention
+from helpers.device import peak_memory
+from helpers.masks import causal_mask
+from helpers.scale import (
+    KVCache,
+    attention_flops,
+    auto_sdpa_backend,
+    decode_step,
+    dilated_mask,
+    greedy_decode_cached,
+    lesson08_config,
+    loglog_slope,
+    peak_tflops,
+    peak_tflops_of,
+    sdpa_backend,
+    sliding_window_mask,
+)
+from helpers.transformer import Transformer, TransformerConfig, greedy_decode
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def tiny_model(seed, src_v=9, tgt_v=7, dtype=torch.float64, **overrides):
+    torch.manual_seed(seed)
+    return Transformer(TransformerConfig.tiny(src_v, tgt_v, **overrides)).to(dtype).eval()
+
+
+def source(seed, B, S, V, n_pad=0):
+    src = torch.randint(3, V, (B, S), generator=torch.Generator().manual_seed(seed))  # (B, S)
+    if n_pad:
+        src[0, S - n_pad:] = PAD  # the first row is shorter: padded keys in the cross-attention
+    return src
+
+
+# --- cached decoding equals uncached decoding -------------------------------------------------------
+
+@given(seed=st.integers(0, 10_000), norm_first=st.booleans(), n_heads=st.sampled_from([1, 2, 4]),
+       layers=st.integers(1, 2), B=st.integers(1, 3), S=st.integers(1, 6), n_pad=st.integers(0, 2),
+       tgt_v=st.integers(4, 9), max_len=st.integers(2, 14))
+def test_cached_greedy_equals_uncached(seed, norm_first, n_heads, layers, B, S, n_pad, tgt_v, max_len):
+    # small target vocabularies make the model emit eos and pad ids: rows stop at different steps
+    model = tiny_model(seed, tgt_v=tgt_v, norm_first=norm_first, n_heads=n_heads,
+                       n_encoder_layers=layers, n_decoder_layers=layers)
+    src = source(seed, B, S, 9, n_pad=min(n_pad, S - 1))
+    expected = greedy_decode(model, src, BOS, EOS, max_len)
+    got = greedy_decode_cached(model, src, BOS, EOS, max_len)
+    assert torch.equal(got, expected), f"\n{got}\n{expected}"
+
+
+def test_cached_greedy_covers_early_stop_and_generated_pads():
+    """The property test above must reach the interesting branches; this pins one case that does."""
+    hits = {"stopped_early": False, "generated_pad": False}
+    for seed in range(40):
+        model = tiny_model(seed, tgt_v=4)
+        src = source(seed, 3, 5, 9, n_pad=2)
+        out = greedy_decode(model, src, BOS, EOS, 12)
+        assert torch.equal(greedy_decode_cached(model, src, BOS, EOS, 12), out)
+        hits["stopped_early"] |= out.shape[1] < 12
+        body = out[:, 1:]
+        before_eos = torch.cumsum(body == EOS, dim=1) == 0
+        hits["generated_pad"] |= bool(((body == PAD) & before_eos).any())
+        if all(hits.values()):
+            break
+    assert all(hits.values()), hits
+
+
+def test_decode_step_logits_equal_full_decoder_at_every_step():
+    model = tiny_model(3, norm_first=False)
+    src = source(3, 2, 5, 9, n_pad=1)
+    ys = torch.tensor([[BOS, 4, 5, 6, 3, 4], [BOS, 6, 6, 5, 4, 3]])  # (B, T): a fixed target prefix
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        cache = KVCache(model, memory, max_len=ys.shape[1])
+        for t in range(ys.shape[1]):
+            step = decode_step(model, cache, ys[:, t:t + 1], (ys[:, :t + 1] != PAD)[:, None, None, :], src_mask)
+            full = model.decode(ys[:, :t + 1], memory, src_mask)[:, -1]  # (B, V)
+            assert (step - full).abs().max().item() < 1e-12
+    assert cache.length == ys.shape[1]
+    with pytest.raises(ValueError, match=r"holds max_len=6 positions and is full"):
+        cache.append(0, torch.zeros(2, 1, 32, dtype=torch.float64))
+
+
+def test_cached_greedy_float32_lesson08_sizes_and_no_early_eos():
+    torch.manual_seed(0)
+    model = Transformer(lesson08_config(20, 14)).eval()
+    assert model.config.max_len == 512
+    with torch.no_grad():
+        model.generator.bias[EOS] = -1e4  # the trick the lesson and the benchmark use
+    src = source(0, 2, 12, 20)
+    out = greedy_decode_cached(model, src, BOS, EOS, 24)
+    assert out.shape == (2, 24) and not (out == EOS).any()
+    assert torch.equal(out, greedy_decode(model, src, BOS, EOS, 24))
+
+
+def test_cached_greedy_restores_training_mode_and_checks_arguments():
+    model = tiny_model(1).train()
+    greedy_decode_cached(model, source(1, 1, 4, 9), BOS, EOS, 5)
+    assert model.training
+    with pytest.raises(ValueError, match=r"bos_id must be a target token id in \[0, 7\), got 99"):
+        greedy_decode_cached(model, source(1, 1, 4, 9), 99, EOS, 5)
+    with pytest.raises(ValueError, match=r"max_len .* got 1000"):
+        greedy_decode_cached(model, source(1, 1, 4, 9), BOS, EOS, 1000)
+
+
+def test_kv_cache_shapes():
+    model = tiny_model(2, n_decoder_layers=3)
+    memory = torch.zeros(2, 5, 32, dtype=torch.float64)
+    cache = KVCache(model, memory, max_len=10)
+    assert len(cache.k) == len(cache.memory_k) == 3
+    assert cache.k[0].shape == (2, 4, 10, 8) and cache.memory_v[2].shape == (2, 4, 5, 8)
+
+
+# --- sparse masks ----------------------------------------------------------------------------------
+
+def test_sliding_window_mask_values():
+    assert sliding_window_mask(4, 2).int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
+    assert dilated_mask(5, 2, 2).int().tolist() == [[1, 0, 0, 0, 0], [0, 1, 0, 0, 0], [1, 0, 1, 0, 0],
+                                                    [0, 1, 0, 1, 0], [0, 0, 1, 0, 1]]
+
+
+@given(T=st.integers(1, 60), window=st.integers(1, 12), dilation=st.integers(1, 5))
+def test_kept_pairs_exact_and_causal(T, window, dilation):
+    m = dilated_mask(T, window, dilation)
+    assert m.dtype == torch.bool and m.shape == (T, T)
+    assert not (m & ~causal_mask(T)).any()  # nothing above the diagonal: causal
+    assert m.diagonal().all()  # every query sees itself, so no row is empty
+    per_row = [min(window, t // dilation + 1) for t in range(T)]
+    assert m.sum(dim=1).tolist() == per_row
+    if T >= (window - 1) * dilation:  # the closed form of the lesson
+        assert int(m.sum()) == window * T - dilation * window * (window - 1) // 2
+    assert torch.equal(dilated_mask(T, window, 1), sliding_window_mask(T, window))
+
+
+def test_window_covering_everything_is_causal():
+    assert torch.equal(sliding_window_mask(7, 7), causal_mask(7))
+    assert torch.equal(sliding_window_mask(7, 100), causal_mask(7))
+    assert torch.equal(sliding_window_mask(7, 1), torch.eye(7, dtype=torch.bool))
+
+
+def test_mask_errors_name_the_values():
+    with pytest.raises(ValueError, match=r"T must be a positive int, got 0"):
+        sliding_window_mask(0, 2)
+    with pytest.raises(ValueError, match=r"window must be a positive int, got -1"):
+        sliding_window_mask(3, -1)
+    with pytest.raises(ValueError, match=r"dilation must be a positive int, got True"):
+        dilated_mask(3, 2, True)
+
+
+# --- counting, peaks, slopes, kernels -------------------------------------------------------------
+
+def test_attention_flops():
+    assert attention_flops(1, 1, 1, 1, 1) == 4
+    assert attention_flops(2, 16, 8192, 8192, 128) == 4 * 2 * 16 * 8192 * 8192 * 128
+    with pytest.raises(ValueError, match=r"S must be a positive int, got 2.5"):
+        attention_flops(1, 1, 1, 2.5, 1)
+
+
+def test_peak_tflops_by_name():
+    assert peak_tflops_of("Tesla T4") == 65.0
+    assert peak_tflops_of("NVIDIA A100-SXM4-40GB") == 312.0
+    assert peak_tflops_of("NVIDIA H100 80GB HBM3") == 989.0
+    assert peak_tflops_of("NVIDIA H100 PCIe") == 756.0
+    assert peak_tflops_of("NVIDIA H200") == 989.0
+    assert peak_tflops_of("NVIDIA L4") == 121.0
+    assert peak_tflops_of("NVIDIA L40S") is None  # "L4" must not match inside "L40S"
+    assert peak_tflops_of("NVIDIA GeForce RTX 4090") is None
+    assert peak_tflops("cpu") is None
+    with pytest.raises(TypeError, match=r"gpu_name must be a str, got int"):
+        peak_tflops_of(4)
+
+
+def test_loglog_slope():
+    sizes = [64, 128, 256, 512]
+    assert abs(loglog_slope(sizes, [3 * n**2 for n in sizes]) - 2.0) < 1e-12
+    assert abs(loglog_slope(sizes, [5 * n for n in sizes]) - 1.0) < 1e-12
+    with pytest.raises(ValueError, match=r"must be positive"):
+        loglog_slope([1, 2], [0, 1])
+    with pytest.raises(ValueError, match=r"equal length >= 2"):
+        loglog_slope([1, 2, 3], [1, 2])
+
+
+def test_sdpa_backends_on_cpu():
+    q, k, v = (torch.randn(1, 2, 16, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    ours, _ = scaled_dot_product_attention(q, k, v)
+    for name in ("math", "flash"):
+        with sdpa_backend(name):
+            assert torch.allclose(F.scaled_dot_product_attention(q, k, v), ours, atol=1e-5)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError), sdpa_backend("efficient"):  # a CUDA kernel: no silent fallback
+            F.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(ValueError, match=r"backend must be one of .* got 'fast'"):
+        with sdpa_backend("fast"):
+            pass
+    assert auto_sdpa_backend(q, k, v) in ("flash", "efficient", "cudnn", "math", "unknown")
+
+
+# --- peak_memory on the CPU ------------------------------------------------------------------------
+
+def test_peak_memory_counts_allocations_exactly():
+    assert peak_memory(lambda: torch.ones(1000, 1000), device="cpu") == 4_000_000
+
+    def two_alive_then_one():
+        a = torch.ones(1000, 1000)  # 4 MB
+        b = a * 2  # 8 MB alive
+        del a
+        return b + 1  # b and the result: 8 MB again, never 12
+    assert 8_000_000 <= peak_memory(two_alive_then_one, device="cpu") < 8_000_100  # + the wrapped scalars
+    assert peak_memory(lambda: None, device="cpu") == 0
+
+
+def test_peak_memory_of_naive_attention_is_three_score_matrices():
+    B, H, T, D = 1, 2, 256, 16
+    q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
+    scores = B * H * T * T * 4
+    peak = peak_memory(lambda: scaled_dot_product_attention(q, k, v)[0], device="cpu")
+    assert 3 * scores <= peak < 3 * scores + 4 * B * H * T * D * 4
+    fused = peak_memory(F.scaled_dot_product_attention, q, k, v, device="cpu")
+    assert fused < scores  # the blocked CPU kernel never holds the whole (T, S) matrix
+
+
+def test_peak_memory_silences_only_the_profiler(capfd):
+    def talks():
+        os.write(2, b"said inside\n")  # what fn itself writes must still be seen
+        return torch.ones(10)
+    peak_memory(talks, device="cpu")
+    os.write(2, b"still here\n")
+    err = capfd.readouterr().err
+    assert "said inside" in err and "still here" in err
+    assert "profiler" not in err  # torch's start/stop log lines
+
+
+def test_peak_memory_rejects_mps():
+    with pytest.raises(ValueError, match=r"peak_memory measures 'cpu' and 'cuda' devices, got 'mps'"):
+        peak_memory(lambda: None, device="mps")
+
+
+# --- the exercise checks ------------------------------------------------------------------------------
+
+def test_check_kv_cache_bytes(capsys):
+    assert check_kv_cache_bytes(lambda n, B, H, L, D, b: 2 * n * B * H * L * D * b)
+    assert "✓ kv_cache_bytes" in capsys.readouterr().out
+    assert not check_kv_cache_bytes(lambda *a: None)
+    assert "not implemented yet" in capsys.readouterr().out
+    assert not check_kv_cache_bytes(lambda n, B, H, L, D, b: n * B * H * L * D * b)
+    assert "both the keys and the values" in capsys.readouterr().out
+
+
+def test_check_kept_pairs(capsys):
+    assert check_kept_pairs(lambda T, w, d: sum(min(w, t // d + 1) for t in range(T)))
+    assert "✓ kept_pairs" in capsys.readouterr().out
+    assert not check_kept_pairs(lambda T, w, d: None)
+    assert "not implemented yet" in capsys.readouterr().out
+    assert not check_kept_pairs(lambda T, w, d: w * T - d * w * (w - 1) // 2)
+    assert "assumes T >= (window-1)*dilation" in capsys.readouterr().out
+    assert not check_kept_pairs(lambda T, w, d: w * T)
+    assert "fewer than `window`" in capsys.readouterr().out
+
+
+def test_check_global_window_mask(capsys):
+    def right(T, window, n_global):
+        s = torch.arange(T)
+        return sliding_window_mask(T, window) | ((s[None, :] < n_global) & causal_mask(T))
+    assert check_global_window_mask(right)
+    assert "✓ global_window_mask" in capsys.readouterr().out
+    assert not check_global_window_mask(lambda *a: None)
+    assert "not implemented yet" in capsys.readouterr().out
+    assert not check_global_window_mask(lambda T, w, g: ~right(T, w, g))
+    assert "True = may attend" in capsys.readouterr().out
+    assert not check_global_window_mask(lambda T, w, g: sliding_window_mask(T, w))
+    assert "✗ global_window_mask" in capsys.readouterr().out
+
+
+def test_check_local_attention(capsys):
+    def masked_full(q, k, v, window):  # right values, but it builds the whole (T, T) matrix
+        return scaled_dot_product_attention(q, k, v, mask=sliding_window_mask(q.shape[-2], window))[0]
+    assert not check_local_attention(masked_full)
+    assert "at least one full" in capsys.readouterr().out
+    assert not check_local_attention(lambda q, k, v, w: None)
+    assert "not implemented yet" in capsys.readouterr().out
+    assert not check_local_attention(lambda q, k, v, w: scaled_dot_product_attention(q, k, v)[0])
+    assert "values differ" in capsys.readouterr().out
+
+    def chunked(q, k, v, window):
+        B, H, T, D = q.shape
+        out = torch.empty_like(q)
+        for start in range(0, T, window):
+            lo = max(0, start - window + 1)
+            qs, ks, vs = q[:, :, start:start + window], k[:, :, lo:start + window], v[:, :, lo:start + window]
+            t = torch.arange(start, start + qs.shape[2])[:, None]
+            s = torch.arange(lo, lo + ks.shape[2])[None, :]
+            mask = (s <= t) & (t - s < window)
+            out[:, :, start:start + window] = scaled_dot_product_attention(qs, ks, vs, mask=mask)[0]
+        return out
+    assert check_local_attention(chunked)
+    assert "✓ local_attention" in capsys.readouterr().out
+
+
+# --- the benchmarks run (tiny sizes, nothing written) --------------------------------------------------
+
+def test_benchmarks_smoke():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_attention
+    import bench_mha
+
+    out = bench_attention.main(["--device", "cpu", "--sizes", "32", "64", "--dtypes", "fp32", "--modes", "fwd",
+                                "--repeats", "1", "--warmup", "0", "--heads", "2", "--no-write"])
+    assert [r["T"] for r in out["sweep"]] == [32, 64] and out["headline"] is None
+    assert out["sweep"][1]["naive_bytes"] >= 3 * 2 * 64 * 64 * 4  # three (T, S) matrices per head
+    out = bench_mha.main(["--device", "cpu", "--sizes", "16", "--modes", "fwd", "--repeats", "1", "--warmup", "0",
+                          "--no-write"])
+    assert out["rows"][0]["max_abs_diff"] < 1e-4
+
+
+def test_importing_scale_has_no_side_effects():
+    import subprocess
+
+    code = ("import torch; s = torch.random.get_rng_state(); import helpers.scale, helpers.checks.lesson09; "
+            "assert torch.equal(s, torch.random.get_rng_state())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and done.stderr == ""
