@@ -1,5 +1,81 @@
-"""Exercise checks of lesson 08 (each one prints a single line and returns True or False)."""
+"""Exercise checks of lesson 08: the encoder-decoder Transformer (each prints one line, returns True/False)."""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import torch
+
+from helpers.checks._core import Case, CheckResult, run_check
+
+__all__ = ["check_teacher_forcing", "check_decoder_self_mask", "check_decoder_layer_params",
+           "check_length_normalised_score"]
+
+
+def _teacher_forcing(tgt):
+    return tgt[:, :-1], tgt[:, 1:]  # (B, T + 1) -> (B, T), (B, T)
+
+
+def check_teacher_forcing(fn) -> CheckResult:
+    """Check ``teacher_forcing(tgt (B, T + 1)) -> (decoder_input (B, T), labels (B, T))`` (lesson 08)."""
+    framed = torch.tensor([[1, 5, 6, 7, 2], [1, 8, 9, 2, 0]])  # <s> ... </s>, then a pad
+    cases = [Case("two targets framed by <s>=1 and </s>=2, the second padded with 0", (framed,)),
+             Case("one target of 12 ids (a date: <s>, 10 characters, </s>)",
+                  (torch.tensor([[1, 5, 12, 12, 4, 3, 3, 6, 3, 7, 8, 2]]),))]
+    return run_check("teacher_forcing", fn, _teacher_forcing, cases)
+
+
+def _decoder_self_mask(tgt, pad_id):
+    T = tgt.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).tril()  # (T, T)
+    return causal & (tgt != pad_id)[:, None, None, :]  # (T, T) & (B, 1, 1, T) -> (B, 1, T, T)
+
+
+def check_decoder_self_mask(fn) -> CheckResult:
+    """Check ``decoder_self_mask(tgt (B, T), pad_id) -> (B, 1, T, T)`` bool, True = may attend (lesson 08)."""
+    cases = [Case("one target without padding, T=4", (torch.tensor([[1, 5, 6, 7]]), 0)),
+             Case("two targets, the second ending in two pads (pad_id=0): pads must be hidden as keys",
+                  (torch.tensor([[1, 5, 6, 7, 8], [1, 9, 4, 0, 0]]), 0)),
+             Case("pad_id=3 instead of 0", (torch.tensor([[1, 5, 3], [1, 3, 3]]), 3))]
+
+    def boolean_only(tgt, pad_id):
+        mask = fn(tgt, pad_id)
+        if isinstance(mask, torch.Tensor) and mask.dtype != torch.bool:
+            raise TypeError(f"the mask must be boolean with True = may attend, got dtype {mask.dtype}")
+        return mask
+
+    return run_check("decoder_self_mask", boolean_only if callable(fn) else fn, _decoder_self_mask, cases)
+
+
+def _decoder_layer_params(d_model, d_ff):
+    from helpers.transformer import DecoderLayer, TransformerConfig
+
+    config = TransformerConfig(10, 10, d_model=d_model, n_heads=1, d_ff=d_ff, n_encoder_layers=1,
+                               n_decoder_layers=1, dropout=0.0, max_len=8)
+    return sum(p.numel() for p in DecoderLayer(config).parameters())
+
+
+def check_decoder_layer_params(fn) -> CheckResult:
+    """Check ``decoder_layer_params(d_model, d_ff) -> int``, the parameters of one DecoderLayer (lesson 08)."""
+    cases = [Case("d_model=64, d_ff=128 (this lesson's model)", (64, 128)),
+             Case("d_model=512, d_ff=2048 (the 2017 paper's base model)", (512, 2048)),
+             Case("d_model=8, d_ff=3", (8, 3))]
+
+    def adapt(got, expected):
+        return int(got) if isinstance(got, (int, float)) or (isinstance(got, torch.Tensor) and got.numel() == 1) \
+            else got
+
+    return run_check("decoder_layer_params", fn, _decoder_layer_params, cases, adapt=adapt)
+
+
+def _length_normalised_score(log_prob, length, alpha):
+    return log_prob / ((5 + length) / 6) ** alpha  # Wu et al. 2016, Eq. 14
+
+
+def check_length_normalised_score(fn) -> CheckResult:
+    """Check ``length_normalised_score(log_prob, length, alpha)``, Wu et al. 2016 Eq. 14 (lesson 08)."""
+    cases = [Case("log_prob=-3.0, length=11, alpha=0.6", (-3.0, 11, 0.6)),
+             Case("log_prob=-3.0, length=1, alpha=0.6 (a one-token hypothesis: the penalty is 1)", (-3.0, 1, 0.6)),
+             Case("alpha=0: no normalisation at all", (-2.5, 7, 0.0)),
+             Case("tensors: log_prob (3,), length (3,), alpha=1.0",
+                  (torch.tensor([-1.0, -4.0, -0.5], dtype=torch.float64),
+                   torch.tensor([2, 10, 30], dtype=torch.float64), 1.0))]
+    return run_check("length_normalised_score", fn, _length_normalised_score, cases, atol=1e-9, rtol=1e-9)
