@@ -22,13 +22,14 @@ import torch
 import torch.nn.functional as F
 from common import (
     DTYPES,
+    add_common_args,
     dtype_supported,
     environment,
     fmt_mib,
     fmt_ms,
     fmt_ratio,
     markdown_table,
-    pick_device,
+    start,
     time_side_by_side,
     write_results,
 )
@@ -237,7 +238,6 @@ def markdown(rows, slope_rows, head) -> str:
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", help="cpu or cuda (default: the course's get_device())")
     p.add_argument("--sizes", type=int, nargs="+", help="sequence lengths T")
     p.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["fp32", "bf16"])
     p.add_argument("--modes", nargs="+", choices=["fwd", "fwdbwd"], default=["fwd", "fwdbwd"])
@@ -246,25 +246,20 @@ def parse(argv):
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--repeats", type=int, default=None, help="blocks per implementation (median)")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
-    p.add_argument("--quick", action="store_true", help="small sizes and few repeats, for a smoke test")
     p.add_argument("--headline", action=argparse.BooleanOptionalAction, default=None,
                    help="run the bf16 T=8192 D=128 headline (default: on CUDA only)")
     p.add_argument("--headline-only", action="store_true", help="skip the sweep")
     p.add_argument("--headline-seq", type=int, default=8192)
     p.add_argument("--headline-heads", type=int, default=16)
     p.add_argument("--headline-batch", type=int, default=None, help="default: 4, 2 or 1, what fits")
-    p.add_argument("--tag", default="", help="suffix of the result file names")
-    p.add_argument("--no-write", action="store_true", help="print only, write no result files")
+    add_common_args(p)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    device = pick_device(args.device)
+    device = start(args)
     cuda = device.type == "cuda"
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.sizes is None:
         args.sizes = [128, 256, 512] if args.quick else (
             [512, 1024, 2048, 4096, 8192, 16384] if cuda else [256, 512, 1024, 2048])

@@ -18,7 +18,17 @@ import sys
 from pathlib import Path
 
 import torch
-from common import DTYPES, environment, fmt_ms, fmt_ratio, markdown_table, pick_device, time_side_by_side, write_results
+from common import (
+    DTYPES,
+    add_common_args,
+    environment,
+    fmt_ms,
+    fmt_ratio,
+    markdown_table,
+    start,
+    time_side_by_side,
+    write_results,
+)
 
 from helpers.data import char_vocabs, load_dates
 from helpers.device import peak_memory
@@ -82,25 +92,19 @@ def markdown(r) -> str:
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", help="cpu or cuda (default: the course's get_device())")
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--repeats", type=int, default=None, help="runs of each decoder, interleaved (median)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
-    p.add_argument("--quick", action="store_true", help="32 tokens, 3 runs: a smoke test")
-    p.add_argument("--tag", default="", help="suffix of the result file names")
-    p.add_argument("--no-write", action="store_true", help="print only, write no result files")
+    add_common_args(p, "32 tokens, 3 runs: a smoke test")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    device = pick_device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device = start(args)
     if args.quick:
         args.new_tokens = min(args.new_tokens, 32)
     if not 1 <= args.new_tokens <= 511:

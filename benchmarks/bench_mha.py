@@ -19,13 +19,14 @@ import sys
 import torch
 from common import (
     DTYPES,
+    add_common_args,
     dtype_supported,
     environment,
     fmt_mib,
     fmt_ms,
     fmt_ratio,
     markdown_table,
-    pick_device,
+    start,
     time_side_by_side,
     write_results,
 )
@@ -122,7 +123,6 @@ def markdown(rows) -> str:
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", help="cpu or cuda (default: the course's get_device())")
     p.add_argument("--sizes", type=int, nargs="+", help="sequence lengths T")
     p.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=None,
                    help="default: fp32 on CPU, fp32 and bf16 on CUDA")
@@ -132,19 +132,14 @@ def parse(argv):
     p.add_argument("--heads", type=int, default=None, help="H (default 8 on CPU, 16 on CUDA)")
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
-    p.add_argument("--quick", action="store_true", help="small sizes and few repeats, for a smoke test")
-    p.add_argument("--tag", default="", help="suffix of the result file names")
-    p.add_argument("--no-write", action="store_true", help="print only, write no result files")
+    add_common_args(p)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    device = pick_device(args.device)
+    device = start(args)
     cuda = device.type == "cuda"
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.sizes is None:
         args.sizes = [32, 64, 128] if args.quick else ([256, 512, 1024, 2048, 4096] if cuda else [64, 128, 256, 512])
     args.dtypes = args.dtypes or (["fp32", "bf16"] if cuda else ["fp32"])

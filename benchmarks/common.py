@@ -36,6 +36,23 @@ def pick_device(name: str | None) -> torch.device:
     return device
 
 
+def add_common_args(parser, quick_help: str = "small sizes and few repeats, for a smoke test") -> None:
+    """Add the flags every benchmark takes: --device, --threads, --quick, --tag, --no-write."""
+    parser.add_argument("--device", help="cpu or cuda (default: the course's get_device())")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--tag", default="", help="suffix of the result file names")
+    parser.add_argument("--no-write", action="store_true", help="print only, write no result files")
+
+
+def start(args) -> torch.device:
+    """Pick the device and set the CPU thread count a benchmark runs with."""
+    device = pick_device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return device
+
+
 def dtype_supported(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether matrix products in ``dtype`` run natively on ``device`` (bf16 needs compute capability 8+)."""
     if device.type == "cuda" and dtype == torch.bfloat16:
