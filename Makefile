@@ -31,8 +31,9 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --no-deps -e .
 	touch $(STAMP)
 
+# Jupyter refuses to run as root (as in many containers) unless told to.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks
+	$(VENV)/bin/jupyter lab notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: $(STAMP) lint unit notebooks
 
