@@ -1,0 +1,100 @@
+"""FlashAttention from scratch: attention tiled over query and key blocks with an online softmax (lesson 10).
+
+The forward of Dao et al. 2022 (Algorithm 1), written with PyTorch tensors: every block of
+queries keeps a running maximum ``m``, a running sum ``l`` and an output accumulator, so no
+(T, S) matrix is ever held, only (block_q, block_k) tiles. The row log-sum-exp is returned
+too, which is all the backward needs to recompute any block of weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from helpers._validate import check_bool_mask, require_tensor, shape_str
+
+
+def _check_block(value, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _check_inputs(q, k, v, mask, block_q, block_k) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        require_tensor(t, name, floating=True)
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape (B, H, L, D) with 4 dimensions, got {shape_str(t.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device} and {v.device}")
+    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+        raise ValueError(
+            "q (B, H, T, D), k (B, H, S, D) and v (B, H, S, D) must agree on B and H: got "
+            f"{shape_str(q.shape)}, {shape_str(k.shape)}, {shape_str(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q and k must have the same width D: q is {shape_str(q.shape)} (D={q.shape[-1]}), "
+            f"k is {shape_str(k.shape)} (D={k.shape[-1]})"
+        )
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must have the same length S: k is {shape_str(k.shape)}, v is {shape_str(v.shape)}")
+    if q.shape[2] == 0 or k.shape[2] == 0 or q.shape[-1] == 0:
+        raise ValueError(f"T, S and D must be at least 1, got q {shape_str(q.shape)} and k {shape_str(k.shape)}")
+    _check_block(block_q, "block_q")
+    _check_block(block_k, "block_k")
+    if mask is not None:
+        B, H, T, _ = q.shape
+        check_bool_mask(mask, (B, H, T, k.shape[2]), "(B, H, T, S)")
+        if mask.device != q.device:
+            raise ValueError(f"mask is on {mask.device} but q is on {q.device}")
+
+
+def flash_attention_forward(q, k, v, mask=None, block_q: int = 64, block_k: int = 64):
+    """Tiled attention with an online softmax; returns (out (B, H, T, Dv), lse (B, H, T)) (lesson 10).
+
+    ``lse`` is the log-sum-exp of each row of scaled scores, -inf for a fully masked row. The
+    arithmetic runs in float32 for half-precision inputs and in the inputs' dtype otherwise.
+    """
+    _check_inputs(q, k, v, mask, block_q, block_k)
+    B, H, T, D = q.shape
+    S, Dv = k.shape[2], v.shape[3]
+    work = torch.promote_types(q.dtype, torch.float32)  # accumulate fp16/bf16 in float32
+    scale = 1.0 / math.sqrt(D)
+    full_mask = None if mask is None else mask.expand(B, H, T, S)  # a view: no (T, S) copy is made
+    out = torch.empty(B, H, T, Dv, dtype=q.dtype, device=q.device)  # (B, H, T, Dv)
+    lse = torch.empty(B, H, T, dtype=work, device=q.device)  # (B, H, T)
+    for i0 in range(0, T, block_q):
+        i1 = min(i0 + block_q, T)
+        q_i = q[:, :, i0:i1].to(work) * scale  # (B, H, bq, D)
+        m = torch.full((B, H, i1 - i0, 1), float("-inf"), dtype=work, device=q.device)  # running max
+        l_sum = torch.zeros(B, H, i1 - i0, 1, dtype=work, device=q.device)  # running sum of exp
+        acc = torch.zeros(B, H, i1 - i0, Dv, dtype=work, device=q.device)  # running sum of exp * v
+        for j0 in range(0, S, block_k):
+            j1 = min(j0 + block_k, S)
+            s = q_i @ k[:, :, j0:j1].to(work).transpose(-2, -1)  # (B, H, bq, bk)
+            if full_mask is not None:
+                s = s.masked_fill(~full_mask[:, :, i0:i1, j0:j1], float("-inf"))
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (B, H, bq, 1)
+            # Rows with nothing unmasked so far have max -inf: shift them by 0, not by -inf (nan).
+            shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            p = torch.exp(s - shift)  # (B, H, bq, bk); masked entries give exp(-inf) = 0
+            rescale = torch.exp(m - shift)  # (B, H, bq, 1): exp(old max - new max) <= 1
+            l_sum = rescale * l_sum + p.sum(dim=-1, keepdim=True)
+            acc = rescale * acc + p @ v[:, :, j0:j1].to(work)  # (B, H, bq, Dv)
+            m = m_new
+        # A fully masked row has l_sum = 0 and acc = 0: dividing by `tiny` gives 0, not 0/0.
+        out[:, :, i0:i1] = (acc / l_sum.clamp_min(torch.finfo(work).tiny)).to(q.dtype)
+        lse[:, :, i0:i1] = (m + torch.log(l_sum)).squeeze(-1)  # -inf + log(0) = -inf when fully masked
+    return out, lse
+
+
+def flash_attention(q, k, v, mask=None, block_q: int = 64, block_k: int = 64) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v computed block by block, never holding a (T, S) matrix (lesson 10).
+
+    q (B, H, T, D), k (B, H, S, D), v (B, H, S, Dv); mask boolean, broadcastable to
+    (B, H, T, S), True = may attend; a fully masked row gives a zero output row.
+    """
+    return flash_attention_forward(q, k, v, mask=mask, block_q=block_q, block_k=block_k)[0]
