@@ -144,3 +144,161 @@ def test_bad_input_gets_a_clear_error():
         flash_attention(q.long(), k.long(), v.long())
     with pytest.raises(ValueError, match=r"at least 1"):
         flash_attention(q, k[:, :, :0], v[:, :, :0])
+
+
+# --- lesson 10's exercise checks: right answers pass, stubs are named, plausible bugs are caught ----
+
+def one_line(capsys):
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.endswith("\n"), out  # a check prints exactly one line
+    return out
+
+
+def online_logsumexp(x, chunk):
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype)  # running max
+    total = torch.zeros(x.shape[:-1], dtype=x.dtype)  # running sum of exp(x - m)
+    for j0 in range(0, x.shape[-1], chunk):
+        part = x[..., j0:j0 + chunk]
+        m_new = torch.maximum(m, part.amax(dim=-1))
+        shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+        total = total * torch.exp(m - shift) + torch.exp(part - shift[..., None]).sum(dim=-1)
+        m = m_new
+    return torch.where(total > 0, m + torch.log(total), torch.full_like(total, float("-inf")))
+
+
+def skipped_blocks(T, block_q, block_k):
+    return sum(1 for i0 in range(0, T, block_q) for j0 in range(0, T, block_k) if j0 > min(i0 + block_q, T) - 1)
+
+
+def causal_flash_attention(q, k, v, block_q, block_k, skip=True):
+    T = q.shape[-2]
+    out = torch.empty_like(q)
+    for i0 in range(0, T, block_q):
+        i1 = min(i0 + block_q, T)
+        stop = i1 if skip else T
+        rows = torch.arange(i0, i1)[:, None]
+        m = torch.full((*q.shape[:2], i1 - i0, 1), float("-inf"), dtype=q.dtype)
+        total = torch.zeros_like(m)
+        acc = torch.zeros(*q.shape[:2], i1 - i0, v.shape[-1], dtype=q.dtype)
+        for j0 in range(0, stop, block_k):
+            j1 = min(j0 + block_k, T)
+            s = q[:, :, i0:i1] @ k[:, :, j0:j1].transpose(-2, -1) / math.sqrt(q.shape[-1])
+            s = s.masked_fill(torch.arange(j0, j1)[None, :] > rows, float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            p = torch.exp(s - shift)
+            total = total * torch.exp(m - shift) + p.sum(-1, keepdim=True)
+            acc = acc * torch.exp(m - shift) + p @ v[:, :, j0:j1]
+            m = m_new
+        out[:, :, i0:i1] = acc / total
+    return out
+
+
+def flash_dv(q, k, d_out, lse, block_q, block_k):
+    T, S, D = q.shape[-2], k.shape[-2], q.shape[-1]
+    d_v = torch.zeros(*k.shape[:3], d_out.shape[-1], dtype=q.dtype)
+    for j0 in range(0, S, block_k):
+        for i0 in range(0, T, block_q):
+            s = q[:, :, i0:i0 + block_q] @ k[:, :, j0:j0 + block_k].transpose(-2, -1) / math.sqrt(D)
+            p = torch.exp(s - lse[:, :, i0:i0 + block_q, None])
+            d_v[:, :, j0:j0 + block_k] += p.transpose(-2, -1) @ d_out[:, :, i0:i0 + block_q]
+    return d_v
+
+
+def test_check_online_logsumexp(capsys):
+    from helpers.checks import check_online_logsumexp
+
+    assert check_online_logsumexp(online_logsumexp)
+    assert "✓ online_logsumexp" in one_line(capsys)
+    assert not check_online_logsumexp(lambda x, chunk: None)
+    assert "not implemented yet" in one_line(capsys)
+    divisible = lambda x, chunk: online_logsumexp(x[..., : x.shape[-1] // chunk * chunk], chunk)  # noqa: E731
+    assert not check_online_logsumexp(divisible)
+    assert "last, shorter chunk is missing" in one_line(capsys)
+    assert not check_online_logsumexp(lambda x, chunk: torch.log(torch.exp(x).sum(-1)))
+    assert "running maximum" in one_line(capsys)
+    assert not check_online_logsumexp(lambda x, chunk: online_logsumexp(x, chunk).numpy())
+    assert "returned a ndarray, expected a torch.Tensor" in one_line(capsys)
+    assert not check_online_logsumexp(lambda x, chunk: online_logsumexp(x, chunk).float())
+    assert "dtype torch.float32, expected torch.float64" in one_line(capsys)
+
+    def in_place(x, chunk):
+        x[x == float("-inf")] = -1e30  # "fixes" the masked entries of the caller's tensor
+        return online_logsumexp(x, chunk)
+    assert not check_online_logsumexp(in_place)
+    assert "changed its input `x` in place" in one_line(capsys)
+
+    def nan_for_masked_rows(x, chunk):
+        m = x.amax(-1, keepdim=True)
+        return (m + torch.log(torch.exp(x - m).sum(-1, keepdim=True))).squeeze(-1)
+    assert not check_online_logsumexp(nan_for_masked_rows)
+    assert "NaN" in one_line(capsys)
+
+
+def test_check_skipped_blocks(capsys):
+    from helpers.checks import check_skipped_blocks
+
+    assert check_skipped_blocks(skipped_blocks)
+    assert "✓ skipped_blocks" in one_line(capsys)
+    assert not check_skipped_blocks(lambda T, bq, bk: None)
+    assert "not implemented yet" in one_line(capsys)
+    assert not check_skipped_blocks(lambda T, bq, bk: sum(1 for i in range(T // bq) for j in range(T // bk)
+                                                           if j * bk > (i + 1) * bq - 1))
+    assert "last, shorter blocks" in one_line(capsys)
+    assert not check_skipped_blocks(lambda T, bq, bk: sum(1 for i0 in range(0, T, bq) for j0 in range(0, T, bk)
+                                                           if j0 + bk - 1 > i0))
+    assert "also counts the tiles on the diagonal" in one_line(capsys)
+    assert not check_skipped_blocks(lambda T, bq, bk: float(skipped_blocks(T, bq, bk)))
+    assert "expected an int" in one_line(capsys)
+
+
+def test_check_causal_flash_attention(capsys):
+    from helpers.checks import check_causal_flash_attention
+
+    assert check_causal_flash_attention(causal_flash_attention)
+    assert "✓ causal_flash_attention" in one_line(capsys)
+    assert not check_causal_flash_attention(lambda q, k, v, bq, bk: None)
+    assert "not implemented yet" in one_line(capsys)
+    no_skip = lambda q, k, v, bq, bk: causal_flash_attention(q, k, v, bq, bk, skip=False)  # noqa: E731
+    assert not check_causal_flash_attention(no_skip)
+    assert "the values are right, but" in one_line(capsys)
+    assert not check_causal_flash_attention(lambda q, k, v, bq, bk: F.scaled_dot_product_attention(q, k, v))
+    assert "attends to future keys" in one_line(capsys)
+
+    def only_divisible(q, k, v, bq, bk):
+        T = q.shape[-2] // bq * bq
+        out = torch.zeros_like(q)
+        out[:, :, :T] = causal_flash_attention(q[:, :, :T], k[:, :, :T], v[:, :, :T], bq, bk)
+        return out
+    assert not check_causal_flash_attention(only_divisible)
+    assert "values differ" in one_line(capsys)
+
+    def scales_q_in_place(q, k, v, bq, bk):
+        q /= 1.0 + 1e-3
+        return causal_flash_attention(q * (1.0 + 1e-3), k, v, bq, bk)
+    assert not check_causal_flash_attention(scales_q_in_place)
+    assert "changed its input `q` in place" in one_line(capsys)
+    assert not check_causal_flash_attention(lambda q, k, v, bq, bk: causal_flash_attention(q, k, v, bq, bk).double())
+    assert "dtype torch.float64, expected torch.float32" in one_line(capsys)
+
+
+def test_check_flash_dv(capsys):
+    from helpers.checks import check_flash_dv
+
+    assert check_flash_dv(flash_dv)
+    assert "✓ flash_dv" in one_line(capsys)
+    assert not check_flash_dv(lambda *args: None)
+    assert "not implemented yet" in one_line(capsys)
+
+    def unscaled(q, k, d_out, lse, bq, bk):
+        return flash_dv(q * math.sqrt(q.shape[-1]), k, d_out, lse, bq, bk)
+    assert not check_flash_dv(unscaled)
+    assert "scale is missing" in one_line(capsys)
+
+    def whole_matrix(q, k, d_out, lse, bq, bk):
+        p = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) - lse[..., None])  # (B, H, T, S)
+        return p.transpose(-2, -1) @ d_out
+    assert not check_flash_dv(whole_matrix)
+    assert "at least one whole (T, S) matrix" in one_line(capsys)
+    assert not check_flash_dv(lambda q, k, d_out, lse, bq, bk: flash_dv(q, k, d_out, lse, bq, bk).tolist())
+    assert "returned a list" in one_line(capsys)
