@@ -8,7 +8,9 @@ too, which is all the backward needs to recompute any block of weights.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 
 import torch
 
@@ -98,3 +100,86 @@ def flash_attention(q, k, v, mask=None, block_q: int = 64, block_k: int = 64) ->
     (B, H, T, S), True = may attend; a fully masked row gives a zero output row.
     """
     return flash_attention_forward(q, k, v, mask=mask, block_q=block_q, block_k=block_k)[0]
+
+
+# --- the same forward as a Triton kernel (lesson 10, section 5) ------------------------------------
+
+LOG2_E = 1.4426950408889634  # exp(x) = 2 ** (x * log2(e)); GPUs compute 2 ** x in one instruction
+
+
+@functools.cache
+def _triton_kernel():
+    """Define the Triton kernel on first use, so that importing helpers.flash never needs Triton."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def flash_forward_kernel(Q, K, V, O, T, S, qk_scale, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                             D: tl.constexpr, CAUSAL: tl.constexpr):
+        # One program computes BLOCK_Q rows of the output of one (batch, head); all tensors contiguous.
+        i = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # the query rows of this program
+        d = tl.arange(0, D)
+        head = tl.program_id(1)  # which (batch, head): its rows start at head * T * D in q and out
+        Q += head * T * D
+        K += head * S * D
+        V += head * S * D
+        O += head * T * D
+        q = tl.load(Q + i[:, None] * D + d[None, :], mask=i[:, None] < T, other=0.0)  # (BLOCK_Q, D)
+        m = tl.full([BLOCK_Q], float("-inf"), tl.float32)  # running max (in base-2 units)
+        l_sum = tl.zeros([BLOCK_Q], tl.float32)  # running sum of exponentials
+        acc = tl.zeros([BLOCK_Q, D], tl.float32)  # running sum of exponentials times values
+        end = S
+        if CAUSAL:  # key blocks that start after the last query row are never touched
+            end = tl.minimum((tl.program_id(0) + 1) * BLOCK_Q, S)
+        for j0 in range(0, end, BLOCK_K):
+            j = j0 + tl.arange(0, BLOCK_K)  # the key rows of this tile
+            k = tl.load(K + j[:, None] * D + d[None, :], mask=j[:, None] < S, other=0.0)  # (BLOCK_K, D)
+            v = tl.load(V + j[:, None] * D + d[None, :], mask=j[:, None] < S, other=0.0)  # (BLOCK_K, D)
+            s = tl.dot(q, tl.trans(k)) * qk_scale  # (BLOCK_Q, BLOCK_K) scores, times log2(e)
+            keep = j[None, :] < S  # keys past the end of the sequence are padding
+            if CAUSAL:
+                keep = keep & (j[None, :] <= i[:, None])
+            s = tl.where(keep, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))  # key 0 is always kept, so m_new is finite
+            p = tl.exp2(s - m_new[:, None])  # (BLOCK_Q, BLOCK_K)
+            rescale = tl.exp2(m - m_new)  # (BLOCK_Q,)
+            l_sum = l_sum * rescale + tl.sum(p, 1)
+            acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v)  # (BLOCK_Q, D)
+            m = m_new
+        out = acc / l_sum[:, None]
+        tl.store(O + i[:, None] * D + d[None, :], out.to(O.dtype.element_ty), mask=i[:, None] < T)
+
+    return flash_forward_kernel
+
+
+def triton_flash_attention(q, k, v, causal: bool = False, block_q: int = 128, block_k: int = 64,
+                           num_warps: int = 8) -> torch.Tensor:
+    """The forward of flash_attention as a Triton kernel, no mask or causal (lesson 10).
+
+    q (B, H, T, D), k and v (B, H, S, D) on a CUDA GPU, in fp16/bf16 (fp32 works too); D a power
+    of two >= 16. On CPU tensors it runs only in Triton's interpreter (TRITON_INTERPRET=1 set
+    before Triton is first imported), which in Triton 3.9 computes tl.dot wrongly for bf16: use fp16 there.
+    """
+    _check_inputs(q, k, v, None, block_q, block_k)
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    if v.shape[-1] != D:
+        raise ValueError(f"the Triton kernel needs v as wide as q: q is {shape_str(q.shape)}, v {shape_str(v.shape)}")
+    if D < 16 or D & (D - 1):
+        raise ValueError(f"the Triton kernel needs D to be a power of two >= 16 (tl.dot tiles), got D={D}")
+    for name, n in (("block_q", block_q), ("block_k", block_k)):
+        if n < 16 or n & (n - 1):
+            raise ValueError(f"{name} must be a power of two >= 16 for the Triton kernel, got {n}")
+    if causal and T != S:
+        raise ValueError(f"causal needs T == S (self-attention), got T={T} and S={S}")
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"Triton kernels run on CUDA tensors, got {q.device}; on the CPU set the environment "
+                         "variable TRITON_INTERPRET=1 before Triton is imported to use its interpreter")
+    import triton
+
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty_like(q)  # (B, H, T, D)
+    grid = (triton.cdiv(T, block_q), B * H)  # one program per block of queries, per (batch, head)
+    _triton_kernel()[grid](q, k, v, out, T, S, LOG2_E / math.sqrt(D), BLOCK_Q=block_q, BLOCK_K=block_k,
+                           D=D, CAUSAL=bool(causal), num_warps=num_warps)
+    return out

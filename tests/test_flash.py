@@ -1,6 +1,10 @@
 """helpers.flash against PyTorch's SDPA and the course's attention; its memory; lesson 10's checks."""
 
+import importlib.util
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,7 +14,7 @@ from hypothesis import strategies as st
 
 from helpers.attention import scaled_dot_product_attention
 from helpers.device import peak_memory
-from helpers.flash import flash_attention, flash_attention_forward
+from helpers.flash import flash_attention, flash_attention_forward, triton_flash_attention
 from helpers.masks import causal_mask
 
 
@@ -145,6 +149,54 @@ def test_bad_input_gets_a_clear_error():
     with pytest.raises(ValueError, match=r"at least 1"):
         flash_attention(q, k[:, :, :0], v[:, :, :0])
 
+
+
+# --- the Triton kernel: on a CUDA GPU, or in Triton's interpreter on CPU tensors ------------------
+
+TRITON_CASES = """
+import torch, torch.nn.functional as F
+from helpers.flash import triton_flash_attention
+on_gpu = torch.cuda.is_available()
+device = "cuda" if on_gpu else "cpu"
+# Triton 3.9's interpreter multiplies bf16 tiles wrongly in tl.dot, so on the CPU: fp16 and fp32
+dtypes = [torch.float16, torch.bfloat16] if on_gpu else [torch.float16, torch.float32]
+g = torch.Generator().manual_seed(0)
+for dtype in dtypes:
+    for causal, T, S in [(False, 45, 45), (False, 100, 37), (True, 77, 77)]:
+        q, k, v = (torch.randn(2, 2, L, 32, generator=g, dtype=torch.float64).to(device, dtype) for L in (T, S, S))
+        out = triton_flash_attention(q, k, v, causal=causal, block_q=32, block_k=16)
+        expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+        assert out.dtype == dtype and out.shape == (2, 2, T, 32)
+        tolerance = {torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}[dtype]
+        error = (out.double() - expected).abs().max().item()
+        assert error < tolerance, (dtype, causal, T, S, error)
+        print(dtype, causal, T, S, f"{error:.1e}")
+"""
+
+
+def test_triton_kernel_equals_sdpa():
+    """Run in a fresh process: TRITON_INTERPRET must be set before Triton is first imported."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed (it is not in requirements.txt: its wheel is 286 MB)")
+    env = dict(os.environ, TRITON_INTERPRET="0" if torch.cuda.is_available() else "1")
+    done = subprocess.run([sys.executable, "-c", TRITON_CASES], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("\n") == 6, done.stdout  # every case ran
+
+
+def test_triton_wrapper_rejects_what_the_kernel_cannot_do(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q = tensor(0, 1, 1, 32, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"D to be a power of two >= 16.*D=12"):
+        triton_flash_attention(q[..., :12], q[..., :12], q[..., :12])
+    with pytest.raises(ValueError, match=r"block_k must be a power of two >= 16.*got 24"):
+        triton_flash_attention(q, q, q, block_k=24)
+    with pytest.raises(ValueError, match=r"causal needs T == S.*T=32 and S=16"):
+        triton_flash_attention(q, q[:, :, :16], q[:, :, :16], causal=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"Triton kernels run on CUDA tensors, got cpu.*TRITON_INTERPRET=1"):
+            triton_flash_attention(q, q, q)
 
 # --- lesson 10's exercise checks: right answers pass, stubs are named, plausible bugs are caught ----
 
