@@ -152,14 +152,33 @@ def _triton_kernel():
     return flash_forward_kernel
 
 
-def triton_flash_attention(q, k, v, causal: bool = False, block_q: int = 128, block_k: int = 64,
-                           num_warps: int = 8) -> torch.Tensor:
+def triton_block_sizes(device=None) -> tuple[int, int, int]:
+    """(block_q, block_k, num_warps) for the Triton kernel on a CUDA device (lesson 10).
+
+    128 x 64 tiles and 8 warps where the GPU has the on-chip memory for them (compute capability
+    8 and later: A100, H100, L4), 64 x 32 and 4 warps before (T4, V100), so that the tiles of a
+    D = 128 head fit. Without CUDA (Triton's interpreter) the small setting.
+    """
+    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available()
+                                                                          else "cpu")
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
+        return 128, 64, 8
+    return 64, 32, 4
+
+
+def triton_flash_attention(q, k, v, causal: bool = False, block_q: int | None = None, block_k: int | None = None,
+                           num_warps: int | None = None) -> torch.Tensor:
     """The forward of flash_attention as a Triton kernel, no mask or causal (lesson 10).
 
     q (B, H, T, D), k and v (B, H, S, D) on a CUDA GPU, in fp16/bf16 (fp32 works too); D a power
-    of two >= 16. On CPU tensors it runs only in Triton's interpreter (TRITON_INTERPRET=1 set
-    before Triton is first imported), which in Triton 3.9 computes tl.dot wrongly for bf16: use fp16 there.
+    of two >= 16; block sizes and warps default to ``triton_block_sizes(q.device)``. On CPU
+    tensors it runs only in Triton's interpreter (TRITON_INTERPRET=1 set before Triton is first
+    imported), whose tl.dot is wrong for bf16 in Triton 3.9: use fp16 or fp32 there.
     """
+    default_q, default_k, default_warps = triton_block_sizes(q.device if isinstance(q, torch.Tensor) else None)
+    block_q = default_q if block_q is None else block_q
+    block_k = default_k if block_k is None else block_k
+    num_warps = default_warps if num_warps is None else num_warps
     _check_inputs(q, k, v, None, block_q, block_k)
     B, H, T, D = q.shape
     S = k.shape[2]
