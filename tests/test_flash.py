@@ -292,6 +292,8 @@ def test_check_skipped_blocks(capsys):
 
     assert check_skipped_blocks(skipped_blocks)
     assert "✓ skipped_blocks" in one_line(capsys)
+    assert not check_skipped_blocks(lambda T, bq, bk: torch.tensor(skipped_blocks(T, bq, bk)))
+    assert "expected an int" in one_line(capsys)
     assert not check_skipped_blocks(lambda T, bq, bk: None)
     assert "not implemented yet" in one_line(capsys)
     assert not check_skipped_blocks(lambda T, bq, bk: sum(1 for i in range(T // bq) for j in range(T // bk)
@@ -352,5 +354,16 @@ def test_check_flash_dv(capsys):
         return p.transpose(-2, -1) @ d_out
     assert not check_flash_dv(whole_matrix)
     assert "at least one whole (T, S) matrix" in one_line(capsys)
+    only_whole_blocks = lambda q, k, d_out, lse, bq, bk: flash_dv(  # noqa: E731
+        q[:, :, : q.shape[2] // bq * bq], k, d_out[:, :, : q.shape[2] // bq * bq], lse, bq, bk)
+    assert not check_flash_dv(only_whole_blocks)
+    assert "values differ" in one_line(capsys)
+
+    def zeroes_d_out_in_place(q, k, d_out, lse, bq, bk):
+        d_v = flash_dv(q, k, d_out, lse, bq, bk)
+        d_out.zero_()  # frees "memory" by clearing the caller's gradient
+        return d_v
+    assert not check_flash_dv(zeroes_d_out_in_place)
+    assert "changed its input `d_out` in place" in one_line(capsys)
     assert not check_flash_dv(lambda q, k, d_out, lse, bq, bk: flash_dv(q, k, d_out, lse, bq, bk).tolist())
     assert "returned a list" in one_line(capsys)

@@ -125,7 +125,7 @@ def check_online_logsumexp(fn) -> CheckResult:
 
 # --- exercise 2: counting the blocks a causal kernel skips -------------------------------------------
 
-def skipped_block_count(T: int, block_q: int, block_k: int) -> int:
+def _skipped_block_count(T: int, block_q: int, block_k: int) -> int:
     """Tiles (query block, key block) of causal self-attention over T positions lying wholly above the diagonal."""
     skipped = 0
     for i0 in range(0, T, block_q):
@@ -163,7 +163,7 @@ def check_skipped_blocks(fn) -> CheckResult:
             return CheckResult(False)
         if isinstance(got, bool) or not isinstance(got, numbers.Integral):
             return _fail(name, f"on {where}, it returned {got!r} of type {type(got).__name__}: expected an int")
-        expected = skipped_block_count(T, bq, bk)
+        expected = _skipped_block_count(T, bq, bk)
         if got == expected:
             continue
         for describe, buggy in bugs:
@@ -173,7 +173,7 @@ def check_skipped_blocks(fn) -> CheckResult:
     T, bq, bk = 8192, 128, 64
     total = math.ceil(T / bq) * math.ceil(T / bk)
     print(f"✓ {name}: right on all {len(cases)} cases; at T={T} with {bq}x{bk} tiles a causal kernel skips "
-          f"{skipped_block_count(T, bq, bk)} of {total} tiles")
+          f"{_skipped_block_count(T, bq, bk)} of {total} tiles")
     return CheckResult(True)
 
 
