@@ -146,8 +146,8 @@ def _triton_kernel():
             l_sum = l_sum * rescale + tl.sum(p, 1)
             acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v)  # (BLOCK_Q, D)
             m = m_new
-        out = acc / l_sum[:, None]
-        tl.store(O + i[:, None] * D + d[None, :], out.to(O.dtype.element_ty), mask=i[:, None] < T)
+        tl.store(O + i[:, None] * D + d[None, :], (acc / l_sum[:, None]).to(O.dtype.element_ty),
+                 mask=i[:, None] < T)
 
     return flash_forward_kernel
 

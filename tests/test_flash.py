@@ -367,3 +367,25 @@ def test_check_flash_dv(capsys):
     assert "changed its input `d_out` in place" in one_line(capsys)
     assert not check_flash_dv(lambda q, k, d_out, lse, bq, bk: flash_dv(q, k, d_out, lse, bq, bk).tolist())
     assert "returned a list" in one_line(capsys)
+
+
+def test_the_lessons_triton_kernel_is_the_tested_one():
+    """Lesson 10 writes the kernel that only a GPU runs; it must be the helper's kernel, comments aside."""
+    import ast
+    import inspect
+    import json
+    from pathlib import Path
+
+    from helpers import flash
+
+    def kernel(tree):
+        found = [node for node in ast.walk(tree)
+                 if isinstance(node, ast.FunctionDef) and node.name == "flash_forward_kernel"]
+        assert len(found) == 1
+        return ast.dump(found[0])
+
+    notebook = Path(__file__).resolve().parents[1] / "notebooks" / "10_flash_attention.ipynb"
+    cells = [c["source"] for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+    lesson = [c for c in cells if "def flash_forward_kernel" in c]
+    assert len(lesson) == 1
+    assert kernel(ast.parse(lesson[0])) == kernel(ast.parse(inspect.getsource(flash)))
