@@ -1,0 +1,167 @@
+"""Lesson 10's FlashAttention forward (Triton kernel and PyTorch tiles) against SDPA's kernels, side by side.
+
+Contestants, each checked against SDPA's math kernel before it is timed: the Triton kernel of
+lesson 10 (helpers.flash.triton_flash_attention; CUDA only), the PyTorch tiled version
+(helpers.flash.flash_attention) and every fused SDPA kernel that runs here (flash, efficient,
+cudnn on CUDA; flash on CPU), selected explicitly with helpers.scale.sdpa_backend. No mask and
+causal. TFLOP/s count 4 B H T^2 D FLOPs for no mask and half of that for causal.
+
+    python benchmarks/bench_flash.py                  # CUDA: B=4, H=16, D=128, T = 1024 ... 8192, bf16
+    python benchmarks/bench_flash.py --quick          # small sizes, seconds
+    python benchmarks/bench_flash.py --sizes 8192 --masks none
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+
+import torch
+import torch.nn.functional as F
+from common import (
+    add_common_args,
+    dtype_supported,
+    environment,
+    fmt_ms,
+    markdown_table,
+    start,
+    time_side_by_side,
+    write_results,
+)
+
+from helpers.flash import flash_attention, triton_block_sizes, triton_flash_attention
+from helpers.masks import causal_mask
+from helpers.scale import attention_flops, peak_tflops, sdpa_backend
+
+
+def contestants(q, k, v, causal: bool, tiled_block: int, device) -> tuple[dict, dict]:
+    """({name: fn()} of everything that runs and matches SDPA's math kernel, {name: reason} of the rest)."""
+    fns, skipped = {}, {}
+    mask = causal_mask(q.shape[2], device=device) if causal else None
+
+    def sdpa(name):
+        def call():
+            with torch.no_grad(), sdpa_backend(name):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return call
+
+    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+        fns["triton (lesson 10)"] = lambda: triton_flash_attention(q, k, v, causal=causal)
+    else:
+        skipped["triton (lesson 10)"] = "needs a CUDA GPU and Triton"
+    fns["pytorch tiled (lesson 10)"] = lambda: flash_attention(q, k, v, mask=mask, block_q=tiled_block,
+                                                               block_k=tiled_block)
+    for name in ("flash", "efficient", "cudnn"):
+        fns[f"sdpa {name}"] = sdpa(name)
+    with torch.no_grad(), sdpa_backend("math"):
+        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    tolerance = 1e-4 if q.dtype == torch.float32 else 3e-2
+    for name, fn in list(fns.items()):
+        try:
+            error = (fn().float() - expected).abs().max().item()
+        except (RuntimeError, ValueError) as err:  # a kernel this device or torch cannot run
+            skipped[name] = str(err).split("\n")[0][:200]
+            del fns[name]
+            continue
+        if not error <= tolerance:
+            raise SystemExit(f"{name} differs from SDPA's math kernel by {error:.3g} (tolerance {tolerance})")
+    return fns, skipped
+
+
+def run(args, device) -> list[dict]:
+    dtype = torch.float32 if device.type == "cpu" else (
+        torch.bfloat16 if dtype_supported(torch.bfloat16, device) else torch.float16)
+    peak = peak_tflops(device)
+    rows = []
+    for T in args.sizes:
+        g = torch.Generator(device=device).manual_seed(T)
+        q, k, v = (torch.randn(args.batch, args.heads, T, args.head_dim, generator=g, device=device, dtype=dtype)
+                   for _ in range(3))  # (B, H, T, D) each
+        for mask in args.masks:
+            causal = mask == "causal"
+            fns, skipped = contestants(q, k, v, causal, args.tiled_block, device)
+            times = time_side_by_side(fns, device, repeats=args.repeats, warmup=args.warmup)
+            flops = attention_flops(args.batch, args.heads, T, T, args.head_dim) / (2 if causal else 1)
+            for name in fns:
+                seconds = times[name]["median_s"]
+                row = dict(T=T, mask=mask, dtype=str(dtype).removeprefix("torch."), contestant=name,
+                           median_s=seconds, timing=times[name], tflops=flops / seconds / 1e12)
+                if peak:
+                    row["fraction_of_peak"] = row["tflops"] / peak
+                rows.append(row)
+                share = f" ({row['fraction_of_peak']:.1%} of peak)" if peak else ""
+                print(f"T={T:5} {mask:6} {name:26} {fmt_ms(seconds):>10} ms {row['tflops']:8.3g} TFLOP/s{share}",
+                      flush=True)
+            for name, reason in skipped.items():
+                rows.append(dict(T=T, mask=mask, contestant=name, skipped=reason))
+    return rows
+
+
+def targets(rows, device) -> dict | None:
+    """The lesson's H100/H200 targets at T=8192, no mask: Triton >= 65% of the best SDPA kernel, > SDPA flash."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    at = {r["contestant"]: r for r in rows if r["T"] == 8192 and r["mask"] == "none" and "tflops" in r}
+    sdpa = {n: r["tflops"] for n, r in at.items() if n.startswith("sdpa")}
+    if not any(gpu in name for gpu in ("H100", "H200")) or "triton (lesson 10)" not in at or not sdpa:
+        return None
+    triton = at["triton (lesson 10)"]["tflops"]
+    return {"triton_ge_65pct_of_best_sdpa": triton >= 0.65 * max(sdpa.values()),
+            "triton_faster_than_sdpa_flash": triton > sdpa.get("sdpa flash", float("inf")),
+            "triton_over_best_sdpa": triton / max(sdpa.values())}
+
+
+def markdown(rows, args, goals) -> str:
+    body = [f"B={args.batch}, H={args.heads}, D={args.head_dim}; PyTorch tiles {args.tiled_block} x "
+            f"{args.tiled_block}; Triton tiles (block_q, block_k, warps) = {args.triton_blocks}. TFLOP/s count "
+            "4 B H T^2 D FLOPs, half for causal.\n"]
+    table = [[r["T"], r["mask"], r.get("dtype", "-"), r["contestant"],
+              fmt_ms(r.get("median_s")), f"{r['tflops']:.3g}" if "tflops" in r else "-",
+              f"{r['fraction_of_peak']:.1%}" if "fraction_of_peak" in r else "-", r.get("skipped", "")]
+             for r in rows]
+    body.append(markdown_table(["T", "mask", "dtype", "contestant", "ms", "TFLOP/s", "of peak", "skipped"], table))
+    if goals:
+        body.append("\nTargets (T=8192, no mask): " + ", ".join(f"{k}: {v}" for k, v in goals.items()))
+    return "\n".join(body)
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", help="sequence lengths T (= S)")
+    p.add_argument("--masks", nargs="+", choices=["none", "causal"], default=["none", "causal"])
+    p.add_argument("--batch", type=int, default=None, help="B (default 4 on CUDA, 1 on CPU)")
+    p.add_argument("--heads", type=int, default=None, help="H (default 16 on CUDA, 4 on CPU)")
+    p.add_argument("--head-dim", type=int, default=None, help="D (default 128 on CUDA, 64 on CPU)")
+    p.add_argument("--tiled-block", type=int, default=None, help="tiles of the PyTorch version (256 CUDA, 64 CPU)")
+    p.add_argument("--repeats", type=int, default=None, help="blocks per contestant (median)")
+    p.add_argument("--warmup", type=int, default=2)
+    add_common_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    device = start(args)
+    cuda = device.type == "cuda"
+    if args.sizes is None:
+        args.sizes = ([256, 512] if not cuda else [512, 1024]) if args.quick else (
+            [1024, 2048, 4096, 8192] if cuda else [256, 512, 1024])
+    args.batch = args.batch or (4 if cuda else 1)
+    args.heads = args.heads or (16 if cuda else 4)
+    args.head_dim = args.head_dim or (128 if cuda else 64)
+    args.tiled_block = args.tiled_block or (256 if cuda else 64)
+    args.repeats = args.repeats or (3 if args.quick else (10 if cuda else 5))
+    args.triton_blocks = triton_block_sizes(device) if cuda else None
+    env = environment(device)
+    print(f"flash benchmark on {env['device_name']} ({device}), torch {env['torch']}", flush=True)
+    rows = run(args, device)
+    goals = targets(rows, device)
+    payload = dict(benchmark="flash", environment=env, settings=vars(args), rows=rows, targets=goals)
+    if not args.no_write:
+        for path in write_results("flash", device, payload, markdown(rows, args, goals), args.tag):
+            print("wrote", path)
+    return payload
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

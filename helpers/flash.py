@@ -1,0 +1,204 @@
+"""FlashAttention from scratch: attention tiled over query and key blocks with an online softmax (lesson 10).
+
+The forward of Dao et al. 2022 (Algorithm 1), written with PyTorch tensors: every block of
+queries keeps a running maximum ``m``, a running sum ``l`` and an output accumulator, so no
+(T, S) matrix is ever held, only (block_q, block_k) tiles. The row log-sum-exp is returned
+too, which is all the backward needs to recompute any block of weights.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+
+from helpers._validate import check_bool_mask, require_tensor, shape_str
+
+
+def _check_block(value, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _check_inputs(q, k, v, mask, block_q, block_k) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        require_tensor(t, name, floating=True)
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape (B, H, L, D) with 4 dimensions, got {shape_str(t.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device} and {v.device}")
+    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+        raise ValueError(
+            "q (B, H, T, D), k (B, H, S, D) and v (B, H, S, D) must agree on B and H: got "
+            f"{shape_str(q.shape)}, {shape_str(k.shape)}, {shape_str(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q and k must have the same width D: q is {shape_str(q.shape)} (D={q.shape[-1]}), "
+            f"k is {shape_str(k.shape)} (D={k.shape[-1]})"
+        )
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must have the same length S: k is {shape_str(k.shape)}, v is {shape_str(v.shape)}")
+    if q.shape[2] == 0 or k.shape[2] == 0 or q.shape[-1] == 0:
+        raise ValueError(f"T, S and D must be at least 1, got q {shape_str(q.shape)} and k {shape_str(k.shape)}")
+    _check_block(block_q, "block_q")
+    _check_block(block_k, "block_k")
+    if mask is not None:
+        B, H, T, _ = q.shape
+        check_bool_mask(mask, (B, H, T, k.shape[2]), "(B, H, T, S)")
+        if mask.device != q.device:
+            raise ValueError(f"mask is on {mask.device} but q is on {q.device}")
+
+
+def flash_attention_forward(q, k, v, mask=None, block_q: int = 64, block_k: int = 64):
+    """Tiled attention with an online softmax; returns (out (B, H, T, Dv), lse (B, H, T)) (lesson 10).
+
+    ``lse`` is the log-sum-exp of each row of scaled scores, -inf for a fully masked row. The
+    arithmetic runs in float32 for half-precision inputs and in the inputs' dtype otherwise.
+    """
+    _check_inputs(q, k, v, mask, block_q, block_k)
+    B, H, T, D = q.shape
+    S, Dv = k.shape[2], v.shape[3]
+    work = torch.promote_types(q.dtype, torch.float32)  # accumulate fp16/bf16 in float32
+    scale = 1.0 / math.sqrt(D)
+    full_mask = None if mask is None else mask.expand(B, H, T, S)  # a view: no (T, S) copy is made
+    out = torch.empty(B, H, T, Dv, dtype=q.dtype, device=q.device)  # (B, H, T, Dv)
+    lse = torch.empty(B, H, T, dtype=work, device=q.device)  # (B, H, T)
+    for i0 in range(0, T, block_q):
+        i1 = min(i0 + block_q, T)
+        q_i = q[:, :, i0:i1].to(work) * scale  # (B, H, bq, D)
+        m = torch.full((B, H, i1 - i0, 1), float("-inf"), dtype=work, device=q.device)  # running max
+        l_sum = torch.zeros(B, H, i1 - i0, 1, dtype=work, device=q.device)  # running sum of exp
+        acc = torch.zeros(B, H, i1 - i0, Dv, dtype=work, device=q.device)  # running sum of exp * v
+        for j0 in range(0, S, block_k):
+            j1 = min(j0 + block_k, S)
+            s = q_i @ k[:, :, j0:j1].to(work).transpose(-2, -1)  # (B, H, bq, bk)
+            if full_mask is not None:
+                s = s.masked_fill(~full_mask[:, :, i0:i1, j0:j1], float("-inf"))
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (B, H, bq, 1)
+            # Rows with nothing unmasked so far have max -inf: shift them by 0, not by -inf (nan).
+            shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            p = torch.exp(s - shift)  # (B, H, bq, bk); masked entries give exp(-inf) = 0
+            rescale = torch.exp(m - shift)  # (B, H, bq, 1): exp(old max - new max) <= 1
+            l_sum = rescale * l_sum + p.sum(dim=-1, keepdim=True)
+            acc = rescale * acc + p @ v[:, :, j0:j1].to(work)  # (B, H, bq, Dv)
+            m = m_new
+        # A fully masked row has l_sum = 0 and acc = 0: dividing by `tiny` gives 0, not 0/0.
+        out[:, :, i0:i1] = (acc / l_sum.clamp_min(torch.finfo(work).tiny)).to(q.dtype)
+        lse[:, :, i0:i1] = (m + torch.log(l_sum)).squeeze(-1)  # -inf + log(0) = -inf when fully masked
+    return out, lse
+
+
+def flash_attention(q, k, v, mask=None, block_q: int = 64, block_k: int = 64) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v computed block by block, never holding a (T, S) matrix (lesson 10).
+
+    q (B, H, T, D), k (B, H, S, D), v (B, H, S, Dv); mask boolean, broadcastable to
+    (B, H, T, S), True = may attend; a fully masked row gives a zero output row.
+    """
+    return flash_attention_forward(q, k, v, mask=mask, block_q=block_q, block_k=block_k)[0]
+
+
+# --- the same forward as a Triton kernel (lesson 10, section 5) ------------------------------------
+
+LOG2_E = 1.4426950408889634  # exp(x) = 2 ** (x * log2(e)); GPUs compute 2 ** x in one instruction
+
+
+@functools.cache
+def _triton_kernel():
+    """Define the Triton kernel on first use, so that importing helpers.flash never needs Triton."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def flash_forward_kernel(Q, K, V, O, T, S, qk_scale, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                             D: tl.constexpr, CAUSAL: tl.constexpr):
+        # One program computes BLOCK_Q rows of the output of one (batch, head); all tensors contiguous.
+        i = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # the query rows of this program
+        d = tl.arange(0, D)
+        head = tl.program_id(1)  # which (batch, head): its rows start at head * T * D in q and out
+        Q += head * T * D
+        K += head * S * D
+        V += head * S * D
+        O += head * T * D
+        q = tl.load(Q + i[:, None] * D + d[None, :], mask=i[:, None] < T, other=0.0)  # (BLOCK_Q, D)
+        m = tl.full([BLOCK_Q], float("-inf"), tl.float32)  # running max (in base-2 units)
+        l_sum = tl.zeros([BLOCK_Q], tl.float32)  # running sum of exponentials
+        acc = tl.zeros([BLOCK_Q, D], tl.float32)  # running sum of exponentials times values
+        end = S
+        if CAUSAL:  # key blocks that start after the last query row are never touched
+            end = tl.minimum((tl.program_id(0) + 1) * BLOCK_Q, S)
+        for j0 in range(0, end, BLOCK_K):
+            j = j0 + tl.arange(0, BLOCK_K)  # the key rows of this tile
+            k = tl.load(K + j[:, None] * D + d[None, :], mask=j[:, None] < S, other=0.0)  # (BLOCK_K, D)
+            v = tl.load(V + j[:, None] * D + d[None, :], mask=j[:, None] < S, other=0.0)  # (BLOCK_K, D)
+            s = tl.dot(q, tl.trans(k)) * qk_scale  # (BLOCK_Q, BLOCK_K) scores, times log2(e)
+            keep = j[None, :] < S  # keys past the end of the sequence are padding
+            if CAUSAL:
+                keep = keep & (j[None, :] <= i[:, None])
+            s = tl.where(keep, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))  # key 0 is always kept, so m_new is finite
+            p = tl.exp2(s - m_new[:, None])  # (BLOCK_Q, BLOCK_K)
+            rescale = tl.exp2(m - m_new)  # (BLOCK_Q,)
+            l_sum = l_sum * rescale + tl.sum(p, 1)
+            acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v)  # (BLOCK_Q, D)
+            m = m_new
+        tl.store(O + i[:, None] * D + d[None, :], (acc / l_sum[:, None]).to(O.dtype.element_ty),
+                 mask=i[:, None] < T)
+
+    return flash_forward_kernel
+
+
+def triton_block_sizes(device=None) -> tuple[int, int, int]:
+    """(block_q, block_k, num_warps) for the Triton kernel on a CUDA device (lesson 10).
+
+    128 x 64 tiles and 8 warps where the GPU has the on-chip memory for them (compute capability
+    8 and later: A100, H100, L4), 64 x 32 and 4 warps before (T4, V100), so that the tiles of a
+    D = 128 head fit. Without CUDA (Triton's interpreter) the small setting.
+    """
+    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available()
+                                                                          else "cpu")
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
+        return 128, 64, 8
+    return 64, 32, 4
+
+
+def triton_flash_attention(q, k, v, causal: bool = False, block_q: int | None = None, block_k: int | None = None,
+                           num_warps: int | None = None) -> torch.Tensor:
+    """The forward of flash_attention as a Triton kernel, no mask or causal (lesson 10).
+
+    q (B, H, T, D), k and v (B, H, S, D) on a CUDA GPU, in fp16/bf16 (fp32 works too); D a power
+    of two >= 16; block sizes and warps default to ``triton_block_sizes(q.device)``. On CPU
+    tensors it runs only in Triton's interpreter (TRITON_INTERPRET=1 set before Triton is first
+    imported), whose tl.dot is wrong for bf16 in Triton 3.9: use fp16 or fp32 there.
+    """
+    default_q, default_k, default_warps = triton_block_sizes(q.device if isinstance(q, torch.Tensor) else None)
+    block_q = default_q if block_q is None else block_q
+    block_k = default_k if block_k is None else block_k
+    num_warps = default_warps if num_warps is None else num_warps
+    _check_inputs(q, k, v, None, block_q, block_k)
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    if v.shape[-1] != D:
+        raise ValueError(f"the Triton kernel needs v as wide as q: q is {shape_str(q.shape)}, v {shape_str(v.shape)}")
+    if D < 16 or D & (D - 1):
+        raise ValueError(f"the Triton kernel needs D to be a power of two >= 16 (tl.dot tiles), got D={D}")
+    for name, n in (("block_q", block_q), ("block_k", block_k)):
+        if n < 16 or n & (n - 1):
+            raise ValueError(f"{name} must be a power of two >= 16 for the Triton kernel, got {n}")
+    if causal and T != S:
+        raise ValueError(f"causal needs T == S (self-attention), got T={T} and S={S}")
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"Triton kernels run on CUDA tensors, got {q.device}; on the CPU set the environment "
+                         "variable TRITON_INTERPRET=1 before Triton is imported to use its interpreter")
+    import triton
+
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty_like(q)  # (B, H, T, D)
+    grid = (triton.cdiv(T, block_q), B * H)  # one program per block of queries, per (batch, head)
+    _triton_kernel()[grid](q, k, v, out, T, S, LOG2_E / math.sqrt(D), BLOCK_Q=block_q, BLOCK_K=block_k,
+                           D=D, CAUSAL=bool(causal), num_warps=num_warps)
+    return out
