@@ -19,21 +19,18 @@ def shape_str(shape) -> str:
 def as_int(value, name: str, minimum: int | None = 1) -> int:
     """``value`` as a Python int if it is integer-like (int, numpy integer, 0-d integer tensor) and >= minimum.
 
-    bool, floats (even 4.0), strings and tensors with more than one element are rejected.
+    bool, floats (even 4.0), strings and tensors that are not 0-d integers raise a ValueError.
     """
     if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point() \
             and not value.is_complex() and value.dtype != torch.bool:
         value = int(value.item())
-    elif isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        kind = f"a tensor of shape {shape_str(value.shape)} dtype {value.dtype}" \
-            if isinstance(value, torch.Tensor) else f"{value!r} of type {type(value).__name__}"
-        bound = "an int" if minimum is None else ("a positive int" if minimum == 1 else f"an int >= {minimum}")
-        raise TypeError(f"{name} must be {bound}, got {kind}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        bound = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"{name} must be {bound}, got {value}")
-    return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+            or (minimum is not None and value < minimum):
+        bound = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+        got = f"a tensor of shape {shape_str(value.shape)} dtype {value.dtype}" \
+            if isinstance(value, torch.Tensor) else repr(value)
+        raise ValueError(f"{name} must be {bound}, got {got}")
+    return int(value)
 
 
 def positive_int(value, name: str) -> int:
@@ -168,3 +165,31 @@ def check_mha_mask(mask, B: int, H: int, T: int, S: int) -> None:
             "(B, 1, 1, S): helpers.masks.padding_mask(lengths, S) or mask[:, None, None, :]"
         )
     check_bool_mask(mask, (B, H, T, S), "(B, H, T, S)")
+
+
+def check_positions(x, positions) -> torch.Tensor:
+    """Check x (..., T, D) with D even and return ``positions`` (default 0..T-1) as a tensor that has
+    one position per row of x and broadcasts to x.shape[:-1] (for rotary embeddings)."""
+    require_tensor(x, "x", floating=True, min_dim=2)
+    T, D = x.shape[-2], x.shape[-1]
+    if D % 2:
+        raise ValueError(
+            f"rotary embeddings rotate pairs of features, so the last dimension D of x must be even; "
+            f"got x of shape {shape_str(x.shape)} (D={D})"
+        )
+    pos = torch.arange(T, device=x.device) if positions is None else torch.as_tensor(positions, device=x.device)
+    if pos.dim() == 0 or pos.shape[-1] != T:
+        raise ValueError(
+            f"positions must hold one position per row of x: x is {shape_str(x.shape)} (T={T}), "
+            f"positions is {shape_str(pos.shape)}"
+        )
+    try:
+        fits = torch.broadcast_shapes(pos.shape, x.shape[:-1]) == x.shape[:-1]
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"positions of shape {shape_str(pos.shape)} do not broadcast to x.shape[:-1] = "
+            f"{shape_str(x.shape[:-1])}"
+        )
+    return pos
