@@ -34,7 +34,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def _zero_unread_values(v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """v (..., S, Dv) with the rows of keys that no query may read set to 0, so NaN padding cannot leak."""
+    """k or v (..., S, D) with the rows of keys that no query may read set to 0, so NaN padding cannot leak."""
     read = (mask.any(dim=-2) if mask.dim() > 1 else mask)[..., None]  # (..., T, S) -> (..., S, 1)
     return torch.where(read, v, torch.zeros((), dtype=v.dtype, device=v.device))
 
@@ -67,15 +67,16 @@ def _fused_attention(q, k, v, mask=None, dropout_p: float = 0.0) -> torch.Tensor
     """The output of ``scaled_dot_product_attention`` from PyTorch's fused kernel, without the weights.
 
     Same mask polarity (True = may attend); a fully masked row gives a zero row instead of the
-    kernel's NaN, and keys nobody reads may hold NaN, as in the weights path.
+    kernel's NaN, and keys nobody reads may hold NaN, as in the weights path (the kernel adds the
+    mask as -inf, and NaN - inf is NaN, so their key rows are zeroed too).
     """
     check_qkv(q, k, v, mask, dropout_p)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
     has_key = mask.any(dim=-1, keepdim=True)  # (..., T, 1): rows with at least one key to read
     # a fully masked row is let read every key (so the kernel stays finite), then set to 0
-    out = F.scaled_dot_product_attention(q, k, _zero_unread_values(v, mask), attn_mask=mask | ~has_key,
-                                         dropout_p=dropout_p)  # (..., T, Dv)
+    k, v = _zero_unread_values(k, mask), _zero_unread_values(v, mask)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)  # (..., T, Dv)
     return torch.where(has_key, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
