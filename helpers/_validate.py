@@ -38,10 +38,9 @@ def positive_int(value, name: str) -> int:
     return as_int(value, name, minimum=1)
 
 
-def positive_ints(**values) -> None:
-    """Check several positive ints at once: ``positive_ints(T=T, window=window)``."""
-    for name, value in values.items():
-        positive_int(value, name)
+def positive_ints(**values) -> tuple[int, ...]:
+    """Check several positive ints at once and return them as ints: ``T, w = positive_ints(T=T, window=w)``."""
+    return tuple(positive_int(value, name) for name, value in values.items())
 
 
 def probability(value, name: str) -> float:

@@ -38,7 +38,7 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0):
         super().__init__()
-        positive_ints(d_model=d_model, max_len=max_len)
+        d_model, max_len = positive_ints(d_model=d_model, max_len=max_len)
         self.max_len = max_len
         self.dropout = nn.Dropout(probability(dropout, "dropout"))
         # a buffer, not a parameter: it moves with .to(device) but is never trained

@@ -50,7 +50,7 @@ class Encoder(nn.Module):
     def __init__(self, vocab_size: int, emb_dim: int, hidden_dim: int, bidirectional: bool = True,
                  pad_id: int = 0):
         super().__init__()
-        positive_ints(vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim)
+        vocab_size, emb_dim, hidden_dim = positive_ints(vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim)
         self.vocab_size, self.pad_id = vocab_size, pad_id
         self.out_dim = hidden_dim * (2 if bidirectional else 1)
         self.embed = nn.Embedding(vocab_size, emb_dim, padding_idx=pad_id)
@@ -78,7 +78,8 @@ class Decoder(nn.Module):
 
     def __init__(self, vocab_size: int, emb_dim: int, hidden_dim: int, context_dim: int):
         super().__init__()
-        positive_ints(vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim, context_dim=context_dim)
+        vocab_size, emb_dim, hidden_dim, context_dim = positive_ints(
+            vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim, context_dim=context_dim)
         self.vocab_size, self.context_dim = vocab_size, context_dim
         self.embed = nn.Embedding(vocab_size, emb_dim)
         self.init_state = nn.Linear(context_dim, hidden_dim)
@@ -113,8 +114,9 @@ class AttentionDecoder(nn.Module):
     def __init__(self, vocab_size: int, emb_dim: int, hidden_dim: int, context_dim: int, attn_dim: int,
                  value_dim: int | None = None):
         super().__init__()
-        positive_ints(vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim, context_dim=context_dim,
-                      attn_dim=attn_dim, **({} if value_dim is None else {"value_dim": value_dim}))
+        vocab_size, emb_dim, hidden_dim, context_dim, attn_dim = positive_ints(
+            vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim, context_dim=context_dim, attn_dim=attn_dim)
+        value_dim = None if value_dim is None else positive_int(value_dim, "value_dim")
         self.vocab_size, self.context_dim = vocab_size, context_dim
         self.value_dim = context_dim if value_dim is None else value_dim
         self.embed = nn.Embedding(vocab_size, emb_dim)
