@@ -34,7 +34,7 @@ def as_int(value, name: str, minimum: int | None = 1) -> int:
 
 
 def positive_int(value, name: str) -> int:
-    """``value`` as an int > 0 (integer-like scalars accepted), else a clear TypeError/ValueError."""
+    """``value`` as an int > 0 (integer-like scalars accepted), else a ValueError naming ``name``."""
     return as_int(value, name, minimum=1)
 
 
@@ -65,7 +65,7 @@ def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0, di
         raise ValueError(
             f"{name} must have at least {min_dim} dimensions, got shape {shape_str(x.shape)}"
         )
-    if (dim is not None and x.dim() != dim) or (last is not None and x.shape[-1] != last):
+    if (dim is not None and x.dim() != dim) or (last is not None and (x.dim() == 0 or x.shape[-1] != last)):
         raise ValueError(f"{name} must have shape {what}, got {shape_str(x.shape)}")
 
 
