@@ -1,6 +1,12 @@
-"""Small argument checks shared by the helpers, so bad input fails early with a clear message."""
+"""Small argument checks shared by the helpers, so bad input fails early with a clear message.
+
+Every check names the argument at fault, shows what it got (value, shape or dtype) and says what
+was expected. The helpers call them in one line, so each forward still reads like its equation.
+"""
 
 from __future__ import annotations
+
+import numbers
 
 import torch
 
@@ -10,8 +16,47 @@ def shape_str(shape) -> str:
     return "(" + ", ".join(str(int(s)) for s in shape) + ")"
 
 
-def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0) -> None:
-    """Raise TypeError/ValueError unless ``x`` is a tensor of the required kind."""
+def as_int(value, name: str, minimum: int | None = 1) -> int:
+    """``value`` as a Python int if it is integer-like (int, numpy integer, 0-d integer tensor) and >= minimum.
+
+    bool, floats (even 4.0), strings and tensors that are not 0-d integers raise a ValueError.
+    """
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point() \
+            and not value.is_complex() and value.dtype != torch.bool:
+        value = int(value.item())
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+            or (minimum is not None and value < minimum):
+        bound = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+        got = f"a tensor of shape {shape_str(value.shape)} dtype {value.dtype}" \
+            if isinstance(value, torch.Tensor) else repr(value)
+        raise ValueError(f"{name} must be {bound}, got {got}")
+    return int(value)
+
+
+def positive_int(value, name: str) -> int:
+    """``value`` as an int > 0 (integer-like scalars accepted), else a ValueError naming ``name``."""
+    return as_int(value, name, minimum=1)
+
+
+def positive_ints(**values) -> tuple[int, ...]:
+    """Check several positive ints at once and return them as ints: ``T, w = positive_ints(T=T, window=w)``."""
+    return tuple(positive_int(value, name) for name, value in values.items())
+
+
+def probability(value, name: str) -> float:
+    """``value`` as a float in [0, 1) (a dropout rate); bools and non-numbers are rejected."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
+    return float(value)
+
+
+def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0, dim: int | None = None,
+                   last: int | None = None, what: str = "") -> None:
+    """Raise TypeError/ValueError unless ``x`` is a tensor of the required kind and shape.
+
+    ``dim``: exact number of dimensions; ``last``: required size of the last dimension; ``what``:
+    the expected shape in words, e.g. "(B, T, C=16)", used in the message.
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if floating and not x.is_floating_point():
@@ -20,6 +65,66 @@ def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0) ->
         raise ValueError(
             f"{name} must have at least {min_dim} dimensions, got shape {shape_str(x.shape)}"
         )
+    if (dim is not None and x.dim() != dim) or (last is not None and (x.dim() == 0 or x.shape[-1] != last)):
+        raise ValueError(f"{name} must have shape {what}, got {shape_str(x.shape)}")
+
+
+def check_qkv(q, k, v, mask=None, dropout_p: float = 0.0) -> None:
+    """Check the arguments of one attention call: q (..., T, D), k (..., S, D), v (..., S, Dv) of one
+    dtype and device, batch dimensions that broadcast, D >= 1, S >= 1; the mask; dropout_p in [0, 1)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        require_tensor(t, name, floating=True, min_dim=2)
+    shapes = f"q {shape_str(q.shape)}, k {shape_str(k.shape)}, v {shape_str(v.shape)}"
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must have the same dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k and v must be on the same device, got {q.device}, {k.device} and {v.device}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same width D: q is {shape_str(q.shape)} (D={q.shape[-1]}), "
+                         f"k is {shape_str(k.shape)} (D={k.shape[-1]})")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same length S: k is {shape_str(k.shape)}, v is {shape_str(v.shape)}")
+    if q.shape[-1] == 0 or k.shape[-2] == 0:
+        raise ValueError(f"the width D and the key length S must be >= 1 (softmax over no keys is "
+                         f"undefined): got {shapes}")
+    try:
+        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"the batch dimensions (all but the last two) of q, k and v must broadcast: "
+                         f"got {shapes}") from None
+    probability(dropout_p, "dropout_p")
+    if mask is not None:
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        check_bool_mask(mask, (*batch, q.shape[-2], k.shape[-2]))
+
+
+def check_additive_inputs(query, keys, values, query_dim: int, key_dim: int) -> None:
+    """Check query (B, T, Dq), keys (B, S, Dk) and values (B, S, Dv) of additive attention."""
+    require_tensor(query, "query", floating=True, dim=3, last=query_dim, what=f"(B, T, Dq={query_dim})")
+    require_tensor(keys, "keys", floating=True, dim=3, last=key_dim, what=f"(B, S, Dk={key_dim})")
+    require_tensor(values, "values", floating=True, dim=3, what="(B, S, Dv)")
+    if not query.shape[0] == keys.shape[0] == values.shape[0] or keys.shape[1] != values.shape[1]:
+        raise ValueError(f"query (B, T, Dq), keys (B, S, Dk) and values (B, S, Dv) must agree on B and S: got "
+                         f"{shape_str(query.shape)}, {shape_str(keys.shape)}, {shape_str(values.shape)}")
+
+
+def check_mha_inputs(module, query, key, value, mask, need_weights) -> None:
+    """Check the arguments of ``MultiHeadAttention.forward`` against the module (its width, dtype, device)."""
+    C, w = module.d_model, module.w_q.weight
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        require_tensor(t, name, floating=True, dim=3, last=C, what=f"(B, L, d_model={C})")
+        if t.dtype != w.dtype or t.device != w.device:
+            raise TypeError(f"{name} is {t.dtype} on {t.device} but the module's weights are {w.dtype} on "
+                            f"{w.device}: convert one of them, e.g. module.to({name}.dtype)")
+    if key.shape[:2] != value.shape[:2] or query.shape[0] != key.shape[0]:
+        raise ValueError(
+            "query (B, T, C), key (B, S, C) and value (B, S, C) must agree on B and S: got "
+            f"{shape_str(query.shape)}, {shape_str(key.shape)}, {shape_str(value.shape)}"
+        )
+    if not isinstance(need_weights, bool):
+        raise TypeError(f"need_weights must be True or False, got {need_weights!r}")
+    if mask is not None:
+        check_mha_mask(mask, query.shape[0], module.n_heads, query.shape[1], key.shape[1])
 
 
 def check_bool_mask(mask, target_shape, what: str = "(..., T, S)") -> None:
@@ -41,3 +146,49 @@ def check_bool_mask(mask, target_shape, what: str = "(..., T, S)") -> None:
             f"mask of shape {shape_str(mask.shape)} does not broadcast to the attention "
             f"scores' shape {what} = {shape_str(target)}"
         )
+
+
+def check_mha_mask(mask, B: int, H: int, T: int, S: int) -> None:
+    """A multi-head mask is 2-D, exactly (T, S), shared by every batch item and head, or 4-D,
+    broadcastable to (B, H, T, S); a per-item key-padding mask must be 4-D, (B, 1, 1, S)."""
+    if isinstance(mask, torch.Tensor) and mask.dim() not in (2, 4):
+        raise ValueError(
+            f"mask must be 2-D (T, S) = ({T}, {S}) or 4-D, broadcastable to (B, H, T, S) = "
+            f"({B}, {H}, {T}, {S}); got {mask.dim()}-D {shape_str(mask.shape)}. A key-padding mask is "
+            "(B, 1, 1, S): build it with helpers.masks.padding_mask(lengths, S) or mask[:, None, None, :]"
+        )
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and tuple(mask.shape) != (T, S):
+        raise ValueError(
+            f"a 2-D mask is read as (T, S) = ({T}, {S}), one row per query, the same for every batch "
+            f"item; got {shape_str(mask.shape)}. A key-padding mask (B, S) must be given as "
+            "(B, 1, 1, S): helpers.masks.padding_mask(lengths, S) or mask[:, None, None, :]"
+        )
+    check_bool_mask(mask, (B, H, T, S), "(B, H, T, S)")
+
+
+def check_positions(x, positions) -> torch.Tensor:
+    """Check x (..., T, D) with D even and return ``positions`` (default 0..T-1) as a tensor that has
+    one position per row of x and broadcasts to x.shape[:-1] (for rotary embeddings)."""
+    require_tensor(x, "x", floating=True, min_dim=2)
+    T, D = x.shape[-2], x.shape[-1]
+    if D % 2:
+        raise ValueError(
+            f"rotary embeddings rotate pairs of features, so the last dimension D of x must be even; "
+            f"got x of shape {shape_str(x.shape)} (D={D})"
+        )
+    pos = torch.arange(T, device=x.device) if positions is None else torch.as_tensor(positions, device=x.device)
+    if pos.dim() == 0 or pos.shape[-1] != T:
+        raise ValueError(
+            f"positions must hold one position per row of x: x is {shape_str(x.shape)} (T={T}), "
+            f"positions is {shape_str(pos.shape)}"
+        )
+    try:
+        fits = torch.broadcast_shapes(pos.shape, x.shape[:-1]) == x.shape[:-1]
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"positions of shape {shape_str(pos.shape)} do not broadcast to x.shape[:-1] = "
+            f"{shape_str(x.shape[:-1])}"
+        )
+    return pos

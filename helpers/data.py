@@ -6,6 +6,7 @@ Nothing here downloads anything: every data set is generated from a seed or read
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import random
 import re
@@ -216,7 +217,12 @@ def read_date_tsv(path) -> list[tuple[str, str]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no data file {path}")
-    text = path.read_bytes().decode("utf-8")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[:err.start].count(b"\n") + 1
+        raise DataFileError(f"{path}, line {line}: the file is not UTF-8 text (byte {err.object[err.start]:#04x} "
+                            f"at offset {err.start}); save it as UTF-8") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the newline that ends the last line
@@ -250,7 +256,27 @@ def load_dates(split: str, data_dir=None) -> list[tuple[str, str]]:
     if split not in DATE_SPLITS:
         raise ValueError(f"split must be one of {list(DATE_SPLITS)}, got {split!r}")
     folder = find_data_dir() if data_dir is None else Path(data_dir)
-    return read_date_tsv(folder / f"dates_{split}.tsv")
+    path = folder / f"dates_{split}.tsv"
+    pairs = read_date_tsv(path)  # first the line-by-line checks, whose errors say which line is wrong
+    check_sha256(path)
+    return pairs
+
+
+def check_sha256(path) -> None:
+    """Raise DataFileError unless the file's sha256 is the one data/README.md beside it lists (lesson 08)."""
+    path = Path(path)
+    readme = path.parent / "README.md"
+    if not readme.is_file():
+        raise FileNotFoundError(f"{readme} does not exist: it lists the sha256 that {path.name} is checked against")
+    listed = re.search(rf"`{re.escape(path.name)}` \| \d+ \| \d+ \| `([0-9a-f]{{64}})`", readme.read_text("utf-8"))
+    if listed is None:
+        raise DataFileError(f"{readme} lists no sha256 for {path.name} (a table row "
+                            f"| `{path.name}` | rows | bytes | `sha256` |)")
+    actual = hashlib.sha256(path.read_bytes()).hexdigest()
+    if actual != listed.group(1):
+        raise DataFileError(f"{path} differs from the committed file: its sha256 is {actual}, {readme.name} "
+                            f"lists {listed.group(1)}; restore it (git checkout -- {path.name}) or regenerate it "
+                            "with helpers.data.write_date_splits")
 
 
 def char_vocabs(pairs) -> tuple[Vocab, Vocab]:

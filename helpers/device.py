@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from helpers._validate import as_int
+
 
 def get_device() -> torch.device:
     """CUDA if available, then Apple MPS, then CPU; COURSE_DEVICE=cpu|cuda|mps overrides (lesson 00)."""
@@ -38,8 +40,7 @@ def _mps_available() -> bool:
 
 def seed_everything(seed: int) -> None:
     """Seed Python, numpy and torch (every device) so a lesson reruns identically (lesson 00)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    seed = as_int(seed, "seed", minimum=0)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA and MPS device

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import nn
 
-from helpers._validate import require_tensor, shape_str
+from helpers._validate import as_int, check_positions, positive_int, positive_ints, probability, require_tensor
 
 
 def sinusoidal_encoding(length: int, d_model: int) -> torch.Tensor:
@@ -15,9 +16,7 @@ def sinusoidal_encoding(length: int, d_model: int) -> torch.Tensor:
 
     PE[pos, 2i] = sin(pos / 10000^(2i/d_model)) and PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model)).
     """
-    for name, n in (("length", length), ("d_model", d_model)):
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    length, d_model = positive_int(length, "length"), positive_int(d_model, "d_model")
     pos = torch.arange(length, dtype=torch.float64)[:, None]  # (length, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(d_model / 2),)
     angle = pos / 10000.0 ** (two_i / d_model)  # (length, ceil(d_model / 2))
@@ -29,6 +28,7 @@ def sinusoidal_encoding(length: int, d_model: int) -> torch.Tensor:
 
 def wavelengths(d_model: int) -> torch.Tensor:
     """Wavelength 2*pi*10000^(2i/d_model) of each sin/cos pair of the encoding (lesson 06)."""
+    d_model = positive_int(d_model, "d_model")
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
     return 2 * math.pi * 10000.0 ** (two_i / d_model)
 
@@ -38,16 +38,16 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0):
         super().__init__()
+        d_model, max_len = positive_ints(d_model=d_model, max_len=max_len)
         self.max_len = max_len
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(probability(dropout, "dropout"))
         # a buffer, not a parameter: it moves with .to(device) but is never trained
         self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """x (B, T, C) -> x + PE[offset : offset + T]; ``offset`` serves step-by-step decoding."""
-        if x.dim() != 3 or x.shape[-1] != self.pe.shape[1]:
-            raise ValueError(f"x must have shape (B, T, d_model={self.pe.shape[1]}), got {tuple(x.shape)}")
-        T = x.shape[1]
+        require_tensor(x, "x", floating=True, dim=3, last=self.pe.shape[1], what=f"(B, T, d_model={self.pe.shape[1]})")
+        T, offset = x.shape[1], as_int(offset, "offset", minimum=0)
         if offset + T > self.max_len:
             raise ValueError(f"positions {offset}..{offset + T - 1} exceed max_len={self.max_len}; "
                              "build the model with a larger max_len")
@@ -63,20 +63,14 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def __init__(self, max_len: int, d_model: int):
         super().__init__()
-        for name, n in (("max_len", max_len), ("d_model", d_model)):
-            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-                raise ValueError(f"{name} must be a positive int, got {n!r}")
+        max_len, d_model = positive_int(max_len, "max_len"), positive_int(d_model, "d_model")
         self.max_len, self.d_model = max_len, d_model
         self.table = nn.Embedding(max_len, d_model)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """x (B, T, C) -> x + table[offset : offset + T]; ``offset`` serves step-by-step decoding."""
-        require_tensor(x, "x", floating=True)
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {shape_str(x.shape)}")
-        T = x.shape[1]
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+        require_tensor(x, "x", floating=True, dim=3, last=self.d_model, what=f"(B, T, d_model={self.d_model})")
+        T, offset = x.shape[1], as_int(offset, "offset", minimum=0)
         if offset + T > self.max_len:
             raise ValueError(
                 f"positions {offset}..{offset + T - 1} exceed max_len={self.max_len}: a learned table has "
@@ -91,14 +85,12 @@ def rotary_angles(positions, dim: int, base: float = 10000.0) -> torch.Tensor:
 
     ``positions`` is an int (meaning 0..positions-1) or a tensor/sequence of positions.
     """
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0 or dim % 2:
+    if positive_int(dim, "dim") % 2:
         raise ValueError(f"dim must be a positive even int (features rotate in pairs), got {dim!r}")
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0:
+    if isinstance(base, bool) or not isinstance(base, numbers.Real) or not base > 0:
         raise ValueError(f"base must be a positive number, got {base!r}")
-    if isinstance(positions, int) and not isinstance(positions, bool):
-        if positions <= 0:
-            raise ValueError(f"the number of positions must be positive, got {positions}")
-        positions = torch.arange(positions)
+    if isinstance(positions, numbers.Integral) and not isinstance(positions, bool):
+        positions = torch.arange(positive_int(positions, "positions (a count)"))
     pos = torch.as_tensor(positions)
     if pos.is_complex() or pos.dtype == torch.bool:
         raise TypeError(f"positions must be integer or real, got dtype {pos.dtype}")
@@ -114,30 +106,8 @@ def apply_rotary(x: torch.Tensor, positions=None, base: float = 10000.0) -> torc
     Feature pair (2i, 2i+1) at position p is rotated by the angle p * base^(-2i/D); ``positions``
     (default 0..T-1) is a sequence of T positions or a tensor broadcastable to x.shape[:-1].
     """
-    require_tensor(x, "x", floating=True, min_dim=2)
-    T, D = x.shape[-2], x.shape[-1]
-    if D % 2:
-        raise ValueError(
-            f"rotary embeddings rotate pairs of features, so the last dimension D of x must be even; "
-            f"got x of shape {shape_str(x.shape)} (D={D})"
-        )
-    if positions is None:
-        positions = torch.arange(T, device=x.device)
-    pos = torch.as_tensor(positions, device=x.device)
-    if pos.dim() == 0 or pos.shape[-1] != T:
-        raise ValueError(
-            f"positions must hold one position per row of x: x is {shape_str(x.shape)} (T={T}), "
-            f"positions is {shape_str(pos.shape)}"
-        )
-    try:
-        fits = torch.broadcast_shapes(pos.shape, x.shape[:-1]) == x.shape[:-1]
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"positions of shape {shape_str(pos.shape)} do not broadcast to x.shape[:-1] = "
-            f"{shape_str(x.shape[:-1])}"
-        )
+    pos = check_positions(x, positions)  # (..., T), broadcastable to x.shape[:-1]
+    D = x.shape[-1]
     angles = rotary_angles(pos, D, base)  # (..., T, D/2), float64 so that large positions stay exact
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (..., T, D/2)
     x_even, x_odd = x[..., 0::2], x[..., 1::2]  # (..., T, D/2) each: the two members of every pair

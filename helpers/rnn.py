@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from helpers._validate import require_tensor, shape_str
+from helpers._validate import positive_int, positive_ints, require_tensor, shape_str
 from helpers.attention import AdditiveAttention
 
 
@@ -28,12 +28,6 @@ def _require_ids(x, name: str, vocab_size: int) -> None:
     if x.numel() and (x.min() < 0 or x.max() >= vocab_size):
         raise ValueError(f"{name} holds ids in [{int(x.min())}, {int(x.max())}] but the vocabulary has "
                          f"{vocab_size} tokens (ids 0..{vocab_size - 1})")
-
-
-def _require_positive(**dims) -> None:
-    for name, value in dims.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def source_mask(src: torch.Tensor, pad_id: int = 0) -> torch.Tensor:
@@ -56,7 +50,7 @@ class Encoder(nn.Module):
     def __init__(self, vocab_size: int, emb_dim: int, hidden_dim: int, bidirectional: bool = True,
                  pad_id: int = 0):
         super().__init__()
-        _require_positive(vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim)
+        vocab_size, emb_dim, hidden_dim = positive_ints(vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim)
         self.vocab_size, self.pad_id = vocab_size, pad_id
         self.out_dim = hidden_dim * (2 if bidirectional else 1)
         self.embed = nn.Embedding(vocab_size, emb_dim, padding_idx=pad_id)
@@ -84,7 +78,8 @@ class Decoder(nn.Module):
 
     def __init__(self, vocab_size: int, emb_dim: int, hidden_dim: int, context_dim: int):
         super().__init__()
-        _require_positive(vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim, context_dim=context_dim)
+        vocab_size, emb_dim, hidden_dim, context_dim = positive_ints(
+            vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim, context_dim=context_dim)
         self.vocab_size, self.context_dim = vocab_size, context_dim
         self.embed = nn.Embedding(vocab_size, emb_dim)
         self.init_state = nn.Linear(context_dim, hidden_dim)
@@ -119,8 +114,9 @@ class AttentionDecoder(nn.Module):
     def __init__(self, vocab_size: int, emb_dim: int, hidden_dim: int, context_dim: int, attn_dim: int,
                  value_dim: int | None = None):
         super().__init__()
-        _require_positive(vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim, context_dim=context_dim,
-                          attn_dim=attn_dim, **({} if value_dim is None else {"value_dim": value_dim}))
+        vocab_size, emb_dim, hidden_dim, context_dim, attn_dim = positive_ints(
+            vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim, context_dim=context_dim, attn_dim=attn_dim)
+        value_dim = None if value_dim is None else positive_int(value_dim, "value_dim")
         self.vocab_size, self.context_dim = vocab_size, context_dim
         self.value_dim = context_dim if value_dim is None else value_dim
         self.embed = nn.Embedding(vocab_size, emb_dim)
@@ -228,8 +224,7 @@ class Seq2Seq(nn.Module):
 
         Positions after a row's first </s> are set to pad_id. Weights are None for the fixed-context decoder.
         """
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
-            raise ValueError(f"max_len must be a positive int, got {max_len!r}")
+        max_len = positive_int(max_len, "max_len")
         memory = self.start(src)
         token = torch.full((src.shape[0], 1), self.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
         ids, weights = [], []

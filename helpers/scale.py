@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from helpers._validate import positive_ints as _check_positive
 from helpers.attention import scaled_dot_product_attention
 from helpers.transformer import TransformerConfig, _check_decode_args
 
@@ -112,12 +113,6 @@ def auto_sdpa_backend(q, k, v, mask=None) -> str:
 
 
 # --- sparse attention patterns ----------------------------------------------------------------------
-
-
-def _check_positive(**values) -> None:
-    for name, n in values.items():
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            raise ValueError(f"{name} must be a positive int, got {n!r}")
 
 
 def sliding_window_mask(T: int, window: int, device=None) -> torch.Tensor:

@@ -7,6 +7,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from helpers._validate import positive_int, require_tensor
+
 
 def _progress(total: int, desc: str):
     # COURSE_PROGRESS=text (set by `make execute`) writes a plain text bar, which a committed
@@ -28,8 +30,10 @@ def train(loss_fn, optimizer, get_batch, steps: int, desc: str = "training",
     ``get_batch(step)`` returns the batch for that step. Gradients are clipped to
     ``clip_grad_norm`` (None: no clipping). Returns one float per step.
     """
-    if steps <= 0:
-        raise ValueError(f"steps must be positive, got {steps}")
+    steps, log_every = positive_int(steps, "steps"), positive_int(log_every, "log_every")
+    if clip_grad_norm is not None and (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, (int, float))
+                                       or not clip_grad_norm > 0):
+        raise ValueError(f"clip_grad_norm must be a positive number or None, got {clip_grad_norm!r}")
     params = [p for group in optimizer.param_groups for p in group["params"]]
     history: list[float] = []
     with _progress(steps, desc) as bar:
@@ -53,6 +57,10 @@ def train(loss_fn, optimizer, get_batch, steps: int, desc: str = "training",
 
 def sequence_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int | None = None):
     """Mean cross-entropy of logits (B, T, V) against token ids (B, T), skipping ``pad_id`` (lesson 01)."""
+    require_tensor(logits, "logits", floating=True)
+    require_tensor(targets, "targets")
+    if targets.is_floating_point() or targets.dtype == torch.bool:
+        raise TypeError(f"targets must hold integer token ids, got dtype {targets.dtype}")
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(
             f"logits must be (B, T, V) and targets (B, T); got {tuple(logits.shape)} and "
@@ -64,6 +72,8 @@ def sequence_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int | Non
 
 
 def _check_pair(pred, target):
+    require_tensor(pred, "pred")
+    require_tensor(target, "target")
     if pred.shape != target.shape:
         raise ValueError(f"pred and target must have the same shape, got {tuple(pred.shape)} "
                          f"and {tuple(target.shape)}")

@@ -209,7 +209,7 @@ def _key_padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
 class _Stack(nn.Module):
     """Token embedding scaled by sqrt(d_model) (section 3.4) + positional encoding; shared by both sides."""
 
-    def __init__(self, config: TransformerConfig, vocab_size: int, layer_type):
+    def __init__(self, config: TransformerConfig, vocab_size: int, layer_type, n_layers: int):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(vocab_size, config.d_model, padding_idx=config.pad_id)
@@ -219,8 +219,7 @@ class _Stack(nn.Module):
         with torch.no_grad():
             self.embed.weight[config.pad_id].zero_()
         self.pos = PositionalEncoding(config.d_model, config.max_len, config.dropout)
-        n = config.n_encoder_layers if layer_type is EncoderLayer else config.n_decoder_layers
-        self.layers = nn.ModuleList(layer_type(config) for _ in range(n))
+        self.layers = nn.ModuleList(layer_type(config) for _ in range(n_layers))
         self.norm = nn.LayerNorm(config.d_model)  # final norm, as nn.Transformer always has
 
     def embed_tokens(self, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
@@ -233,7 +232,7 @@ class Encoder(_Stack):
     """Embedding + positional encoding + N encoder layers + final LayerNorm (lesson 08)."""
 
     def __init__(self, config: TransformerConfig):
-        super().__init__(config, config.src_vocab_size, EncoderLayer)
+        super().__init__(config, config.src_vocab_size, EncoderLayer, config.n_encoder_layers)
 
     def forward(self, src_ids: torch.Tensor, src_mask=None) -> torch.Tensor:
         """src_ids (B, S), src_mask broadcastable to (B, H, S, S) -> memory (B, S, C)."""
@@ -248,17 +247,18 @@ class Decoder(_Stack):
     """Embedding + positional encoding + N decoder layers + final LayerNorm (lesson 08)."""
 
     def __init__(self, config: TransformerConfig):
-        super().__init__(config, config.tgt_vocab_size, DecoderLayer)
+        super().__init__(config, config.tgt_vocab_size, DecoderLayer, config.n_decoder_layers)
 
     def forward(self, tgt_ids, memory, tgt_mask=None, memory_mask=None) -> torch.Tensor:
         """tgt_ids (B, T), memory (B, S, C), masks to (B, H, T, T) and (B, H, T, S) -> hidden (B, T, C)."""
         _check_ids(tgt_ids, "tgt", self.config.tgt_vocab_size, self.config.max_len)
         C = self.config.d_model
         if not isinstance(memory, torch.Tensor) or memory.dim() != 3 or memory.shape[-1] != C \
-                or memory.shape[0] != tgt_ids.shape[0]:
-            got = shape_str(memory.shape) if isinstance(memory, torch.Tensor) else type(memory).__name__
-            raise ValueError(f"memory must have shape (B={tgt_ids.shape[0]}, S, C={C}) to match "
-                             f"tgt {shape_str(tgt_ids.shape)}, got {got}")
+                or memory.shape[0] != tgt_ids.shape[0] or not memory.is_floating_point():
+            got = f"{shape_str(memory.shape)} {memory.dtype}" if isinstance(memory, torch.Tensor) \
+                else type(memory).__name__
+            raise ValueError(f"memory must have shape (B={tgt_ids.shape[0]}, S, C={C}) and a floating dtype to "
+                             f"match tgt {shape_str(tgt_ids.shape)}, got {got}")
         x = self.embed_tokens(tgt_ids)  # (B, T, C)
         for layer in self.layers:
             x = layer(x, memory, tgt_mask, memory_mask)  # (B, T, C)

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.attention import MultiHeadAttention, scaled_dot_product_attention, softmax
+from helpers.attention import MultiHeadAttention, scaled_dot_product_attention, softmax, to_torch_mha
 from helpers.masks import causal_mask, padding_mask
 
 DT = torch.float64
@@ -96,15 +96,8 @@ def test_fully_masked_row_gives_zeros_not_nan():
 
 def twin_modules(d_model=16, n_heads=4, bias=True, seed=0):
     torch.manual_seed(seed)
-    ours = MultiHeadAttention(d_model, n_heads, bias=bias).to(DT)
-    ref = nn.MultiheadAttention(d_model, n_heads, bias=bias, batch_first=True, dtype=DT)
-    with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
-        ref.out_proj.weight.copy_(ours.w_o.weight)
-        if bias:
-            ref.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
-            ref.out_proj.bias.copy_(ours.w_o.bias)
-    return ours.eval(), ref.eval()
+    ours = MultiHeadAttention(d_model, n_heads, bias=bias).to(DT).eval()
+    return ours, to_torch_mha(ours)
 
 
 def compare_mha(ours, ref, query, key, value, our_mask=None, **ref_kwargs):
@@ -201,3 +194,169 @@ def test_error_mha_input_width():
 def test_error_integer_inputs():
     with pytest.raises(TypeError, match=r"q must be a floating-point tensor, got dtype torch.int64"):
         scaled_dot_product_attention(torch.ones(2, 3, dtype=torch.long), rand(2, 3), rand(2, 3))
+
+
+# --- to_torch_mha: the weight copy of lesson 04 ----------------------------------------------------
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_to_torch_mha_copies_every_weight_dtype_device_and_mode(bias):
+    ours = MultiHeadAttention(16, 4, dropout=0.25, bias=bias).to(DT)
+    theirs = to_torch_mha(ours)
+    assert isinstance(theirs, nn.MultiheadAttention) and theirs.batch_first and theirs.training
+    assert theirs.in_proj_weight.dtype == DT and theirs.in_proj_weight.device == ours.w_q.weight.device
+    assert theirs.dropout == 0.25 and theirs.num_heads == 4
+    C = 16
+    for i, w in enumerate((ours.w_q, ours.w_k, ours.w_v)):
+        assert torch.equal(theirs.in_proj_weight[i * C:(i + 1) * C], w.weight)
+        if bias:
+            assert torch.equal(theirs.in_proj_bias[i * C:(i + 1) * C], w.bias)
+    assert torch.equal(theirs.out_proj.weight, ours.w_o.weight)
+    assert (theirs.in_proj_bias is None) == (not bias) and (theirs.out_proj.bias is None) == (not bias)
+    assert not to_torch_mha(ours.eval()).training
+    theirs.in_proj_weight.data.zero_()  # a copy, not a view: ours is untouched
+    assert ours.w_q.weight.abs().sum() > 0
+
+
+def test_to_torch_mha_rejects_other_modules():
+    with pytest.raises(TypeError, match=r"module must be a helpers.attention.MultiHeadAttention, got Linear"):
+        to_torch_mha(nn.Linear(4, 4))
+
+
+# --- need_weights=False: PyTorch's fused kernel ------------------------------------------------------
+
+def every_mask_shape(B=3, H=4, T=5, S=6, seed=0):
+    """One boolean mask of every shape MultiHeadAttention accepts, each with a fully masked row."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(T, S), (B, 1, 1, S), (B, H, T, S), (1, H, T, S), (B, 1, T, S), (1, 1, T, S), (B, H, 1, S),
+              (1, 1, 1, S), (B, 1, T, 1), (1, 1, 1, 1)]
+    masks = {}
+    for shape in shapes:
+        m = torch.rand(*shape, generator=g) > 0.4
+        m.view(-1, m.shape[-1])[0] = False  # a row with no key at all: zeros, never NaN
+        masks[shape] = m
+    return masks
+
+
+@pytest.mark.parametrize("shape", list(every_mask_shape()), ids=str)
+def test_need_weights_false_equals_the_weights_path(shape):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4).to(DT).eval()
+    x, memory = rand(3, 5, 16, seed=1), rand(3, 6, 16, seed=2)
+    mask = every_mask_shape()[shape]
+    out, weights = mha(x, memory, memory, mask=mask)
+    fused, none = mha(x, memory, memory, mask=mask, need_weights=False)
+    assert none is None and torch.isfinite(fused).all()
+    assert (fused - out).abs().max().item() < 1e-10
+    empty = ~mask.expand(3, 4, 5, 6).any(-1)  # (B, H, T): rows with no key
+    assert empty.any() and torch.all(weights[empty] == 0)
+
+
+def test_need_weights_false_without_mask_and_in_cross_attention():
+    mha = MultiHeadAttention(16, 4).to(DT).eval()
+    x, memory = rand(2, 7, 16, seed=3), rand(2, 3, 16, seed=4)
+    for q, kv in ((x, x), (x, memory)):
+        assert (mha(q, kv, kv, need_weights=False)[0] - mha(q, kv, kv)[0]).abs().max() < 1e-10
+
+
+def test_need_weights_false_fully_masked_rows_give_zeros_not_nan():
+    mha = MultiHeadAttention(8, 2).to(DT).eval()
+    x = rand(2, 4, 8, seed=5)
+    nothing = torch.zeros(2, 1, 1, 4, dtype=torch.bool)
+    nothing[0, ..., :2] = True  # item 0 reads its first two keys, item 1 reads nothing
+    out, _ = mha(x, x, x, mask=nothing, need_weights=False)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out[1], mha.w_o.bias.expand(4, 8))  # zero attention, then W_O's bias
+
+
+def test_need_weights_false_applies_dropout_in_training_only():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, dropout=0.5).to(DT)
+    x = rand(2, 6, 16, seed=6)
+    mask = causal_mask(6)
+    assert torch.equal(mha.eval()(x, x, x, mask=mask, need_weights=False)[0],
+                       mha(x, x, x, mask=mask, need_weights=False)[0])  # eval: deterministic
+    mha.train()
+    a, b = (mha(x, x, x, mask=mask, need_weights=False)[0] for _ in range(2))
+    assert (a - b).abs().max() > 1e-3  # train: dropout on the weights, a fresh draw each call
+    # dropout scales kept weights by 1 / (1 - p), so the mean over many draws is the eval output
+    mean = torch.stack([mha(x, x, x, mask=mask, need_weights=False)[0] for _ in range(2000)]).mean(0)
+    expected = mha.eval()(x, x, x, mask=mask)[0]
+    assert (mean - expected).abs().max() < 0.1
+
+
+def test_need_weights_must_be_bool():
+    mha = MultiHeadAttention(8, 2)
+    x = torch.randn(1, 3, 8)
+    with pytest.raises(TypeError, match=r"need_weights must be True or False, got 0"):
+        mha(x, x, x, need_weights=0)
+
+
+# --- float16 / bfloat16: scores and softmax in float32 ----------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_with_large_scores_stay_finite_and_match_pytorch(dtype):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (100 + torch.randn(3, 2, 8, 64, generator=g)).to(dtype).unbind(0)  # q.k ~ 640000 > 65504
+    assert not torch.isfinite((q @ k.transpose(-2, -1)).float()).all() or dtype == torch.bfloat16
+    out, weights = scaled_dot_product_attention(q, k, v)
+    assert out.dtype == weights.dtype == dtype
+    assert torch.isfinite(out).all() and torch.isfinite(weights).all()
+    ref = F.scaled_dot_product_attention(q, k, v)
+    assert torch.isfinite(ref).all()
+    tol = 0.07 if dtype == torch.float16 else 0.5  # 1 ulp at 100: 0.0625 (float16), 0.5 (bfloat16)
+    assert (out.float() - ref.float()).abs().max().item() <= tol
+    exact = scaled_dot_product_attention(q.double(), k.double(), v.double())[0]
+    assert (out.double() - exact).abs().max().item() <= tol
+
+
+def test_half_inputs_through_multi_head_attention_both_paths():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(64, 1).half().eval()
+    with torch.no_grad():
+        for w in (mha.w_q, mha.w_k, mha.w_v, mha.w_o):
+            w.weight.copy_(torch.eye(64))
+            w.bias.zero_()
+    x = (100 + torch.randn(1, 5, 64)).half()
+    out, _ = mha(x, x, x, mask=causal_mask(5))
+    fused, _ = mha(x, x, x, mask=causal_mask(5), need_weights=False)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all() and torch.isfinite(fused).all()
+    assert (out.float() - fused.float()).abs().max().item() <= 0.07
+
+
+# --- NaN in padding: a key nobody may read may hold anything ---------------------------------------
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_nan_in_masked_padding_does_not_reach_the_output(need_weights):
+    mha = MultiHeadAttention(8, 2).to(DT).eval()
+    x = rand(2, 5, 8, seed=7)
+    mask = padding_mask([5, 3], 5) & causal_mask(5)  # item 1: keys 3, 4 are padding
+    clean, _ = mha(x, x, x, mask=mask, need_weights=need_weights)
+    dirty = x.clone()
+    dirty[1, 3:] = float("nan")
+    out, _ = mha(dirty, dirty, dirty, mask=mask, need_weights=need_weights)
+    assert torch.isfinite(out[1, :3]).all()  # the real queries of item 1 never see the NaN
+    assert (out[:, :3] - clean[:, :3]).abs().max() < 1e-12 and torch.equal(out[0], clean[0])
+
+
+def test_nan_in_a_key_that_some_query_reads_does_propagate():
+    """Documented limit: a key that any query may attend must be finite; its NaN is a real NaN, and in
+    the product weights @ v it reaches every query of its item, even those masked from it (0 * NaN)."""
+    q, k, v = rand(2, 3, 4, seed=8), rand(2, 3, 4, seed=9), rand(2, 3, 4, seed=10)
+    v[0, 2] = float("nan")
+    out, _ = scaled_dot_product_attention(q, k, v, mask=causal_mask(3))
+    assert torch.isnan(out[0]).all() and torch.isfinite(out[1]).all()
+
+
+def test_additive_attention_ignores_nan_in_masked_values():
+    from helpers.attention import AdditiveAttention
+
+    torch.manual_seed(0)
+    attn = AdditiveAttention(4, 4, 8).to(DT)
+    query, keys = rand(1, 2, 4, seed=11), rand(1, 3, 4, seed=12)
+    values = rand(1, 3, 4, seed=13)
+    mask = torch.tensor([[[True, True, False]] * 2])  # (B, T, S): key 2 is padding
+    clean, _ = attn(query, keys, values, mask=mask)
+    values[0, 2] = float("nan")
+    keys[0, 2] = float("nan")
+    out, _ = attn(query, keys, values, mask=mask)
+    assert torch.equal(out, clean)

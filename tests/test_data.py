@@ -212,8 +212,12 @@ def test_find_data_dir_env_override(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"COURSE_DATA_DIR=.*README\.md does not exist"):
         find_data_dir()
     (tmp_path / "README.md").write_text("x")
-    write_tsv([("3 march 2021", "2021-03-03")], tmp_path / "dates_test.tsv")
+    blob = write_tsv([("3 march 2021", "2021-03-03")], tmp_path / "dates_test.tsv").read_bytes()
     assert find_data_dir() == tmp_path
+    with pytest.raises(DataFileError, match=r"README\.md lists no sha256 for dates_test\.tsv"):
+        load_dates("test")
+    digest = hashlib.sha256(blob).hexdigest()
+    (tmp_path / "README.md").write_text(f"| `dates_test.tsv` | 1 | {len(blob)} | `{digest}` |")
     assert load_dates("test") == [("3 march 2021", "2021-03-03")]
     with pytest.raises(ValueError, match=r"split must be one of \['train', 'valid', 'test'\], got 'dev'"):
         load_dates("dev")

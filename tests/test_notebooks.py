@@ -1,7 +1,10 @@
 """Structure of every notebook: skeleton, identical setup cell, normal form, derive-then-import."""
 
 import ast
+import importlib
+import inspect
 import json
+import pkgutil
 import re
 import sys
 from pathlib import Path
@@ -15,23 +18,57 @@ LESSONS = sorted(nbtools.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 SOLUTIONS = sorted(nbtools.SOLUTIONS.glob("[0-9][0-9]_*.ipynb"))
 ALL = LESSONS + SOLUTIONS
 
-# The lesson that derives each helper; a notebook may import it only from that lesson on.
-DERIVED_IN = {
-    "helpers.device": 0, "helpers.plot": 0, "helpers.checks": 0,
-    "helpers.rnn": 1, "helpers.data": 1, "helpers.train": 1,
-    "helpers.attention.AdditiveAttention": 1,
-    "helpers.attention.scaled_dot_product_attention": 2,
-    "helpers.attention.softmax": 3,
-    "helpers.attention.MultiHeadAttention": 4,
-    "helpers.masks": 5,
-    "helpers.positional": 6,
-    "helpers.transformer": 7,
-    "helpers.transformer.Transformer": 8, "helpers.transformer.Encoder": 8,
-    "helpers.transformer.Decoder": 8, "helpers.transformer.DecoderLayer": 8,
-    "helpers.transformer.greedy_decode": 8, "helpers.transformer.beam_search": 8,
-    "helpers.scale": 9, "helpers.device.peak_memory": 9,
-    "helpers.flash": 10,
-}
+
+def _note(doc):
+    """The lesson number of the first "lesson NN" note in a docstring, or None."""
+    found = re.search(r"\blessons? (\d{2})\b", doc or "")
+    return int(found.group(1)) if found else None
+
+
+def derive_lessons():
+    """{dotted name: lesson} read from the "(lesson NN)" notes in the helpers' docstrings, the one source.
+
+    Every public module of the package is walked, so a new module is covered without an edit here.
+    A function or class takes its own note, else its module's; a name re-exported by a package
+    (helpers.checks) takes the lesson of the object it names; a module takes the note of its
+    docstring, else the earliest lesson of its functions and classes; a constant takes its module's.
+    Names without a note are left out, so that ``lesson_of`` fails on them.
+    """
+    import helpers
+
+    modules = {"helpers": helpers}
+    for info in pkgutil.walk_packages(helpers.__path__, "helpers."):
+        if not any(part.startswith("_") for part in info.name.split(".")):
+            modules[info.name] = importlib.import_module(info.name)
+    by_object, lessons = {}, {}
+    for name, module in modules.items():  # first the objects each module defines
+        for attr, obj in vars(module).items():
+            if not attr.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj)) \
+                    and obj.__module__ == name:
+                lesson = _note(inspect.getdoc(obj)) if _note(inspect.getdoc(obj)) is not None \
+                    else _note(module.__doc__)
+                if lesson is not None:
+                    by_object[id(obj)] = lessons[f"{name}.{attr}"] = lesson
+    for name, module in modules.items():  # then re-exports
+        for attr, obj in vars(module).items():
+            if not attr.startswith("_") and id(obj) in by_object:
+                lessons.setdefault(f"{name}.{attr}", by_object[id(obj)])
+    for name, module in modules.items():  # then each module, and the constants it holds
+        own = [lesson for key, lesson in lessons.items() if key.rsplit(".", 1)[0] == name]
+        lesson = _note(module.__doc__) if _note(module.__doc__) is not None else min(own, default=None)
+        if lesson is None:
+            continue
+        lessons[name] = lesson
+        for attr, obj in vars(module).items():
+            if not (attr.startswith("_") or inspect.ismodule(obj) or callable(obj)):
+                lessons.setdefault(f"{name}.{attr}", lesson)
+    return lessons
+
+
+DERIVED_IN = derive_lessons()
+# Drawing helpers are tools that no lesson derives: any lesson may import them. Their notes name the
+# lesson that first explains the picture; they must still have one (lesson_of fails closed).
+TOOLS = ("helpers.plot", "helpers.diagrams")
 
 
 def cells(path):
@@ -114,12 +151,11 @@ def imported_names(source):
 
 
 def lesson_of(name):
-    parts = name.split(".")
-    for i in range(len(parts), 0, -1):
-        key = ".".join(parts[:i])
-        if key in DERIVED_IN:
-            return DERIVED_IN[key]
-    return 0
+    """The lesson that derives the helper ``name``; fails (closed) on a name with no "(lesson NN)" note."""
+    if name not in DERIVED_IN:
+        raise KeyError(f"{name} is not a helper with a (lesson NN) note in its docstring (or its module's): "
+                       "add the note, or fix the name")
+    return 0 if name.startswith(tuple(t + "." for t in TOOLS)) or name in TOOLS else DERIVED_IN[name]
 
 
 @pytest.mark.parametrize("path", ALL, ids=rel)
@@ -131,6 +167,19 @@ def test_helpers_imported_only_after_the_lesson_that_derives_them(path):
         for name in imported_names(text(c)):
             assert lesson_of(name) <= number, (
                 f"{rel(path)} imports {name}, which lesson {lesson_of(name):02d} derives")
+
+
+def test_derive_map_is_read_from_the_docstrings_and_fails_closed():
+    assert lesson_of("helpers.masks.causal_mask") == 5
+    assert lesson_of("helpers.attention.to_torch_mha") == 4 and lesson_of("helpers.attention.softmax") == 3
+    assert lesson_of("helpers.transformer.TransformerConfig") == 7 and lesson_of("helpers.transformer.Transformer") == 8
+    assert lesson_of("helpers.device.peak_memory") == 9 and lesson_of("helpers.device.seed_everything") == 0
+    assert lesson_of("helpers.checks.check_causal_mask") == 5  # re-exported: the lesson of the object
+    assert lesson_of("helpers.data.DIGITS") == lesson_of("helpers.data") == 1  # a constant: its module's
+    assert lesson_of("helpers.plot.attention_heatmap") == 0  # a tool
+    for unknown in ("helpers.masks.no_such_mask", "helpers.nowhere", "helpers._validate.positive_int"):
+        with pytest.raises(KeyError, match="lesson NN"):
+            lesson_of(unknown)
 
 
 def test_derive_map_detects_early_import():

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from helpers.attention import to_torch_mha
 from helpers.masks import causal_mask, padding_mask
 from helpers.transformer import (
     DecoderLayer,
@@ -45,11 +46,8 @@ def worst(a, b):
 
 # --- copying our weights into PyTorch's modules ------------------------------------------------
 
-@torch.no_grad()
 def copy_mha(ours, theirs: nn.MultiheadAttention):
-    theirs.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
-    theirs.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
-    theirs.out_proj.load_state_dict(ours.w_o.state_dict())
+    theirs.load_state_dict(to_torch_mha(ours).state_dict())
 
 
 @torch.no_grad()
