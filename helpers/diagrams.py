@@ -27,6 +27,10 @@ import numpy as np
 
 from helpers.plot import ROLE_COLORS, mask_cmap
 
+__all__ = ["seq2seq_diagram", "rnn_vs_attention_path_diagram", "qkv_diagram", "multi_head_diagram",
+           "mask_diagram", "positional_rotation_diagram", "pre_post_ln_diagram", "encoder_decoder_diagram",
+           "kv_cache_diagram", "box", "arrow", "token_row", "tensor", "legend", "canvas"]
+
 FONT = 10  # points; at 100 dpi every label stays readable at 100 % zoom
 SMALL = 9
 
@@ -434,7 +438,7 @@ def positional_rotation_diagram(d_model, pair=0, n_positions=8, m=1, n=3, shift=
     right.set_ylabel("feature 2i + 1", fontsize=FONT)
     right.set_title(f"RoPE on the same pair: q turned by m w, k by n w\n"
                     f"solid m={m}, n={n}; dashed: both moved by {shift}\n"
-                    f"q.k = {dots[0]:.3f} both times: only n - m = {n - m} matters", fontsize=FONT)
+                    f"q.k = {dots[0]:.3f} (solid), {dots[1]:.3f} (dashed): only n - m = {n - m} matters", fontsize=FONT)
     fig.suptitle("positions as rotations", fontsize=FONT + 2, weight="bold")
     fig.tight_layout()
     return fig
