@@ -587,8 +587,8 @@ def kv_cache_diagram(n_steps, d_model, n_heads, n_layers=1, prompt_len=1):
     """A KV cache growing by one key and one value per generated token while one new query attends (lesson 09)."""
     n_steps = _positive_int("n_steps", n_steps, 6)
     prompt_len = _positive_int("prompt_len", prompt_len, 8)
-    if prompt_len + n_steps > 14:
-        raise ValueError(f"prompt_len + n_steps = {prompt_len + n_steps} cache slots do not fit; draw at most 14")
+    if prompt_len + n_steps > 11:
+        raise ValueError(f"prompt_len + n_steps = {prompt_len + n_steps} cache slots do not fit; draw at most 11")
     n_layers = _positive_int("n_layers", n_layers)
     D = _heads(d_model, n_heads)
     H = n_heads
