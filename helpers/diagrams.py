@@ -321,6 +321,7 @@ def multi_head_diagram(T, d_model, n_heads, B=1):
     shown = list(range(H)) if H <= 4 else [0, 1, None, H - 1]
     top, bottom = 4.5, 0.9
     step = (top - bottom) / len(shown)
+    box(ax, 6.45, (top + bottom) / 2, 2.0, top - bottom + 0.2, role="weights", fill=False, lw=1)
     for k, h in enumerate(shown):
         y = top - step * (k + 0.5)
         if h is None:
@@ -328,7 +329,6 @@ def multi_head_diagram(T, d_model, n_heads, B=1):
             continue
         box(ax, 6.45, y, 1.75, min(0.7, step * 0.8), f"head {h}: attend\n(B, T, D) = ({B}, {T}, {D})",
             role="weights", fontsize=SMALL)
-    box(ax, 6.45, (top + bottom) / 2, 2.0, top - bottom + 0.2, role="weights", fill=False, lw=1)
     for role, y in ys.items():
         arrow(ax, (5.05, y), (5.45, y), role=role)
     ax.text(6.45, 0.55, f"{H} heads in parallel, weights (B, H, T, T)", ha="center", fontsize=SMALL)
@@ -452,13 +452,13 @@ def pre_post_ln_diagram(config=None, *, d_model=None, n_heads=None, d_ff=None):
     s = _sizes(config, d_model=d_model, n_heads=n_heads, d_ff=d_ff)
     C, H, F = s["d_model"], s["n_heads"], _positive_int("d_ff", s["d_ff"])
     D = _heads(C, H)
-    fig, ax = canvas(10.0, 6.7, f"one encoder block, two placements of LayerNorm "
+    fig, ax = canvas(10.0, 7.0, f"one encoder block, two placements of LayerNorm "
                      f"(C = {C}, H = {H}, D = {D}, d_ff = {F})")
     attn = f"multi-head self-attention\nH = {H} heads of D = {D}"
     ffn = f"feed-forward\nC -> d_ff -> C = {C} -> {F} -> {C}"
 
     def column(x, pre):
-        ax.text(x, 6.1, "Pre-LN (norm_first=True)" if pre else "Post-LN (Vaswani et al. 2017)",
+        ax.text(x, 6.45, "Pre-LN (norm_first=True)" if pre else "Post-LN (Vaswani et al. 2017)",
                 ha="center", fontsize=FONT + 1, weight="bold")
         box(ax, x, 0.45, 1.6, 0.42, f"x (B, T, C = {C})", fontsize=SMALL)
         y = 0.66
