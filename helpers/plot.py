@@ -104,7 +104,7 @@ def heads_grid(weights, query_labels=None, key_labels=None, ncols=4, title=None)
     H = w.shape[0]
     ncols = min(ncols, H)
     nrows = math.ceil(H / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols + 0.8, 3.0 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols + 1.0, 3.0 * nrows), squeeze=False)
     top = max(1e-12, float(w.max()))  # one scale for all heads, so one colour bar reads them all
     for h, ax in enumerate(axes.flat):
         if h < H:
@@ -113,10 +113,10 @@ def heads_grid(weights, query_labels=None, key_labels=None, ncols=4, title=None)
         else:
             ax.axis("off")
     fig.suptitle(title or "attention weights, one panel per head")
-    fig.tight_layout()
-    image = axes.flat[0].images[0]
-    fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.046 / ncols * 2, pad=0.02,
-                 label="attention weight (same scale in every panel)")
+    right = 1 - 1.0 / fig.get_size_inches()[0]  # keep the last inch for the colour bar and its label
+    fig.tight_layout(rect=(0, 0, right, 1))
+    cax = fig.add_axes((right + 0.1 / fig.get_size_inches()[0], 0.2, 0.15 / fig.get_size_inches()[0], 0.6))
+    fig.colorbar(axes.flat[0].images[0], cax=cax, label="attention weight")
     return fig
 
 
