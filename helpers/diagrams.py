@@ -584,7 +584,11 @@ def encoder_decoder_diagram(config, S=None, T=None):
 
 
 def kv_cache_diagram(n_steps, d_model, n_heads, n_layers=1, prompt_len=1):
-    """A KV cache growing by one key and one value per generated token while one new query attends (lesson 09)."""
+    """A KV cache growing by one key and one value per generated token while one new query attends (lesson 09).
+
+    ``prompt_len`` tokens (e.g. ``<s>``) are already cached before the first drawn step; the
+    cross-attention keys and values of the encoder memory are computed once and are not drawn.
+    """
     n_steps = _positive_int("n_steps", n_steps, 6)
     prompt_len = _positive_int("prompt_len", prompt_len, 8)
     if prompt_len + n_steps > 11:
@@ -593,7 +597,7 @@ def kv_cache_diagram(n_steps, d_model, n_heads, n_layers=1, prompt_len=1):
     D = _heads(d_model, n_heads)
     H = n_heads
     width = 10.5
-    fig, ax = canvas(width, 1.5 + 1.15 * n_steps, f"KV cache: C = {d_model}, H = {H} heads of D = {D}, "
+    fig, ax = canvas(width, 1.55 + 1.15 * n_steps, f"KV cache: C = {d_model}, H = {H} heads of D = {D}, "
                      f"{n_layers} decoder layer{'s' if n_layers > 1 else ''}, one cache per layer")
     cell = 0.42
     x0 = 3.4
@@ -617,5 +621,6 @@ def kv_cache_diagram(n_steps, d_model, n_heads, n_layers=1, prompt_len=1):
     ax.text(0.15, 0.25, "per step only the new token goes through W_Q, W_K, W_V "
             "(thick: this step's new key and value);\n"
             f"the cache grows by 2 x H x D = {2 * H * D} numbers per layer and token "
-            f"({2 * H * D * n_layers} for all {n_layers} layers)", fontsize=FONT, va="center")
+            f"({2 * H * D * n_layers} for all {n_layers} layers); before step 1 the cache holds {prompt_len} "
+            f"token{'s' if prompt_len > 1 else ''}", fontsize=FONT, va="center")
     return fig
