@@ -205,7 +205,7 @@ def seq2seq_diagram(source, target, weights=None, hidden_size=None):
             arrow(ax, (hs[-1] + 0.2, y0 + 1.8), (cx, y0 + 2.16), role="key")
             for x in ys:
                 ax.plot([cx - 0.22, x], [y0 + 2.35, y0 + 2.76], color=ROLE_COLORS["weights"], lw=1)
-            ax.text(x0, y0 + 0.55, f"one context vector c = the last state h{S - 1}{hid}, the same for all "
+            ax.text(x0, y0 + 0.55, f"one context vector c (the encoder's final state{hid}), the same for all "
                     f"{T} steps: every output must be read from it", fontsize=FONT, va="center")
         else:
             top = max(float(w.max()), 1e-12)
@@ -215,8 +215,8 @@ def seq2seq_diagram(source, target, weights=None, hidden_size=None):
                         ax.plot([xj, xi], [y0 + 1.93, y0 + 2.76], color="#222222",
                                 lw=0.4 + 2.0 * w[i, j] / top, alpha=0.15 + 0.85 * w[i, j] / top)
             what = "weights given" if weights is not None else "uniform weights (none given)"
-            ax.text(x0, y0 + 0.55, f"step i reads its own context c_i = sum_j a_ij h_j over all {S} states; "
-                    f"line darkness and width = a_ij ({what})", fontsize=FONT, va="center")
+            ax.text(x0, y0 + 0.55, f"step i scores all {S} encoder states h_j and reads its own context "
+                    f"c_i = sum_j a_ij v_j;\nline darkness and width = a_ij ({what})", fontsize=FONT, va="center")
 
     ax.text(0.15, 7.95, "without attention (Cho et al. 2014)", fontsize=FONT + 1, weight="bold")
     half(4.0, attention=False)
