@@ -6,6 +6,27 @@ import math
 
 import numpy as np
 
+# One colour per role, shared by every heatmap here and every diagram in helpers.diagrams.
+# Okabe & Ito (2008), "Color Universal Design": distinguishable with all common colour-vision
+# deficiencies. Attention weights use viridis (also colour-blind safe and readable in grey).
+ROLE_COLORS = {
+    "query": "#D55E00",     # vermillion
+    "key": "#0072B2",       # blue
+    "value": "#009E73",     # bluish green
+    "mask": "#CC79A7",      # reddish purple
+    "position": "#E69F00",  # orange
+    "weights": "#56B4E9",   # sky blue (attention weights and scores in diagrams)
+    "other": "#7F7F7F",     # grey: layers without a role of their own (FFN, LayerNorm, ...)
+}
+WEIGHTS_CMAP = "viridis"
+
+
+def mask_cmap():
+    """Two-colour map for boolean masks: white = blocked (False), the mask colour = may attend (lesson 05)."""
+    from matplotlib.colors import ListedColormap
+
+    return ListedColormap(["#FFFFFF", ROLE_COLORS["mask"]], name="attention_mask")
+
 
 def _as_numpy(x) -> np.ndarray:
     if hasattr(x, "detach"):
@@ -14,7 +35,7 @@ def _as_numpy(x) -> np.ndarray:
 
 
 def attention_heatmap(weights, query_labels=None, key_labels=None, ax=None, title=None,
-                      colorbar=True):
+                      colorbar=True, vmax=None):
     """Draw a (T, S) attention-weight matrix with token labels: rows queries, columns keys (lesson 02)."""
     import matplotlib.pyplot as plt
 
@@ -27,7 +48,8 @@ def attention_heatmap(weights, query_labels=None, key_labels=None, ax=None, titl
             raise ValueError(f"{name} has {len(labels)} labels but weights have {n} along that axis")
     if ax is None:
         _, ax = plt.subplots(figsize=(0.45 * S + 2.0, 0.45 * T + 1.5))
-    image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=max(1e-12, float(w.max())), aspect="auto")
+    top = float(w.max()) if vmax is None else float(vmax)
+    image = ax.imshow(w, cmap=WEIGHTS_CMAP, vmin=0.0, vmax=max(1e-12, top), aspect="auto")
     ax.set_xticks(range(S), key_labels if key_labels is not None else range(S),
                   rotation=90 if key_labels is not None else 0)
     ax.set_yticks(range(T), query_labels if query_labels is not None else range(T))
@@ -35,7 +57,40 @@ def attention_heatmap(weights, query_labels=None, key_labels=None, ax=None, titl
     ax.set_ylabel("query position (attending)")
     ax.set_title(title or "attention weights")
     if colorbar:
-        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
+    return ax
+
+
+def mask_heatmap(mask, query_labels=None, key_labels=None, ax=None, title=None, colorbar=True):
+    """Draw a boolean (T, S) mask, True = may attend, with a two-colour bar saying so (lesson 05)."""
+    import matplotlib.pyplot as plt
+
+    m = _as_numpy(mask)
+    if m.ndim != 2:
+        raise ValueError(f"mask must be 2-D (T, S), got shape {m.shape}; pick one batch item and head first")
+    if not np.isin(m, (0.0, 1.0)).all():
+        raise ValueError("mask must be boolean (True = may attend) or hold only 0 and 1, "
+                         f"got values {np.unique(m)[:5].tolist()}")
+    T, S = m.shape
+    for name, labels, n in (("query_labels", query_labels, T), ("key_labels", key_labels, S)):
+        if labels is not None and len(labels) != n:
+            raise ValueError(f"{name} has {len(labels)} labels but mask has {n} along that axis")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.45 * S + 2.5, 0.45 * T + 1.5))
+    image = ax.imshow(m, cmap=mask_cmap(), vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(np.arange(-0.5, S, 1), minor=True)
+    ax.set_yticks(np.arange(-0.5, T, 1), minor=True)
+    ax.grid(which="minor", color="#BBBBBB", linewidth=0.6)
+    ax.tick_params(which="minor", length=0)
+    ax.set_xticks(range(S), key_labels if key_labels is not None else range(S),
+                  rotation=90 if key_labels is not None else 0)
+    ax.set_yticks(range(T), query_labels if query_labels is not None else range(T))
+    ax.set_xlabel("key position (attended to)")
+    ax.set_ylabel("query position (attending)")
+    ax.set_title(title or "mask (True = may attend)")
+    if colorbar:
+        bar = ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, ticks=[0.25, 0.75])
+        bar.ax.set_yticklabels(["False:\nblocked", "True:\nmay attend"])
     return ax
 
 
@@ -49,14 +104,19 @@ def heads_grid(weights, query_labels=None, key_labels=None, ncols=4, title=None)
     H = w.shape[0]
     ncols = min(ncols, H)
     nrows = math.ceil(H / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 3.0 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols + 1.0, 3.0 * nrows), squeeze=False)
+    top = max(1e-12, float(w.max()))  # one scale for all heads, so one colour bar reads them all
     for h, ax in enumerate(axes.flat):
         if h < H:
-            attention_heatmap(w[h], query_labels, key_labels, ax=ax, title=f"head {h}", colorbar=False)
+            attention_heatmap(w[h], query_labels, key_labels, ax=ax, title=f"head {h}", colorbar=False,
+                              vmax=top)
         else:
             ax.axis("off")
     fig.suptitle(title or "attention weights, one panel per head")
-    fig.tight_layout()
+    right = 1 - 1.0 / fig.get_size_inches()[0]  # keep the last inch for the colour bar and its label
+    fig.tight_layout(rect=(0, 0, right, 1))
+    cax = fig.add_axes((right + 0.1 / fig.get_size_inches()[0], 0.2, 0.15 / fig.get_size_inches()[0], 0.6))
+    fig.colorbar(axes.flat[0].images[0], cax=cax, label="attention weight")
     return fig
 
 

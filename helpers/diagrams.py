@@ -1,0 +1,626 @@
+"""Architecture diagrams drawn from the lesson's own sizes (lessons 01-09).
+
+Every diagram function takes the sizes it labels and returns a matplotlib ``Figure``, so a
+picture cannot disagree with the numbers of the lesson that draws it. Colours follow
+``helpers.plot.ROLE_COLORS`` (queries, keys, values, masks, positions, weights), the same
+colours the heatmaps use.
+
+Diagrams, by lesson:
+
+- 01 ``seq2seq_diagram``: RNN encoder-decoder with one fixed context vector, beside the same
+  with attention (a new context per output step, lines weighted by the attention weights).
+- 01/02 ``rnn_vs_attention_path_diagram``: the sequential path of an RNN beside self-attention.
+- 02 ``qkv_diagram``: one query's journey, X -> Q, K, V -> scores -> scale -> softmax -> sum.
+- 04 ``multi_head_diagram``: split C into H heads of D, attend per head, concatenate, W_o.
+- 05 ``mask_diagram``: which (query, key) pairs causal, padding and both masks keep.
+- 06 ``positional_rotation_diagram``: a sinusoid pair on a circle, and RoPE rotating q and k.
+- 07 ``pre_post_ln_diagram``: Post-LN and Pre-LN blocks side by side.
+- 08 ``encoder_decoder_diagram``: the whole encoder-decoder Transformer of a config.
+- 09 ``kv_cache_diagram``: a KV cache growing by one key/value per generated token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from helpers.plot import ROLE_COLORS, mask_cmap
+
+__all__ = ["seq2seq_diagram", "rnn_vs_attention_path_diagram", "qkv_diagram", "multi_head_diagram",
+           "mask_diagram", "positional_rotation_diagram", "pre_post_ln_diagram", "encoder_decoder_diagram",
+           "kv_cache_diagram", "box", "arrow", "token_row", "tensor", "legend", "canvas"]
+
+FONT = 10  # points; at 100 dpi every label stays readable at 100 % zoom
+SMALL = 9
+
+
+# --- validation --------------------------------------------------------------------------------
+
+
+def _positive_int(name: str, value, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}={value} is too many to draw legibly; the most this diagram draws is {maximum}")
+    return int(value)
+
+
+def _heads(d_model, n_heads) -> int:
+    d_model = _positive_int("d_model", d_model)
+    n_heads = _positive_int("n_heads", n_heads)
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} must be a multiple of n_heads={n_heads}")
+    return d_model // n_heads
+
+
+def _labels(name: str, tokens, n: int, default: str) -> list[str]:
+    if tokens is None:
+        return [default.format(i) for i in range(n)]
+    tokens = [str(t) for t in tokens]
+    if len(tokens) != n:
+        raise ValueError(f"{name} has {len(tokens)} entries but the diagram has {n} positions")
+    return tokens
+
+
+def _sizes(config, **given):
+    """Sizes from a TransformerConfig-like object, overridden by explicit keyword values."""
+    out = {}
+    for name, value in given.items():
+        if value is None and config is not None:
+            value = getattr(config, name, None)
+        if value is None:
+            raise ValueError(f"{name} is missing: pass a TransformerConfig as config or {name}=...")
+        out[name] = value
+    return out
+
+
+# --- primitives --------------------------------------------------------------------------------
+
+
+def _tint(color, amount: float = 0.75):
+    """The colour mixed with white (amount 0 = colour, 1 = white), for light box fills."""
+    from matplotlib.colors import to_rgb
+
+    r, g, b = to_rgb(color)
+    return (r + (1 - r) * amount, g + (1 - g) * amount, b + (1 - b) * amount)
+
+
+def canvas(width: float, height: float, title: str):
+    """A blank figure whose data coordinates are inches, with a title (lesson 01)."""
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(width, height), dpi=100)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    ax.axis("off")
+    ax.text(width / 2, height - 0.12, title, ha="center", va="top", fontsize=FONT + 2, weight="bold")
+    return fig, ax
+
+
+def _fit_height(fig, ax, height):
+    """Crop or extend a canvas to a new height in inches, keeping the title on top."""
+    width = fig.get_size_inches()[0]
+    fig.set_size_inches(width, height)
+    ax.set_ylim(0, height)
+    ax.texts[0].set_y(height - 0.12)
+
+
+def box(ax, x, y, w, h, text="", role="other", fontsize=FONT, fill=True, lw=1.5, **text_kw):
+    """A rounded box centred at (x, y), coloured by role, with centred text (lesson 01)."""
+    from matplotlib.patches import FancyBboxPatch
+
+    color = ROLE_COLORS.get(role, role)
+    patch = FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0,rounding_size=0.06",
+                           facecolor=_tint(color) if fill else "white", edgecolor=color, linewidth=lw)
+    ax.add_patch(patch)
+    if text:
+        ax.text(x, y, text, ha="center", va="center", fontsize=fontsize, **text_kw)
+    return patch
+
+
+def arrow(ax, start, end, role="other", lw=1.4, alpha=1.0, text=None, style="-|>", fontsize=SMALL,
+          text_offset=(0.0, 0.12), **kw):
+    """An arrow from start to end, coloured by role, with an optional label at its middle (lesson 01)."""
+    from matplotlib.patches import FancyArrowPatch
+
+    color = ROLE_COLORS.get(role, role)
+    patch = FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=11, color=color, linewidth=lw,
+                            alpha=alpha, shrinkA=1, shrinkB=1, **kw)
+    ax.add_patch(patch)
+    if text:
+        mx, my = (start[0] + end[0]) / 2 + text_offset[0], (start[1] + end[1]) / 2 + text_offset[1]
+        ax.text(mx, my, text, ha="center", va="bottom", fontsize=fontsize, color="black")
+    return patch
+
+
+def token_row(ax, tokens, x0, y, width, h=0.36, role="other", fontsize=FONT, max_w=0.6):
+    """A row of small boxes, one per token, left edge x0, spread over width; returns their centres (lesson 01)."""
+    n = len(tokens)
+    step = min(width / max(n, 1), max_w + 0.1)
+    w = step * 0.85
+    centres = []
+    for i, tok in enumerate(tokens):
+        x = x0 + step * (i + 0.5)
+        box(ax, x, y, w, h, str(tok), role=role, fontsize=fontsize)
+        centres.append(x)
+    return centres
+
+
+def tensor(ax, x, y, w, h, name, shape, role="other", fontsize=FONT):
+    """A tensor as a labelled block: its name on top, its shape below, coloured by role (lesson 02)."""
+    box(ax, x, y, w, h, role=role)
+    ax.text(x, y + 0.11, name, ha="center", va="center", fontsize=fontsize + 1, weight="bold")
+    ax.text(x, y - 0.14, shape, ha="center", va="center", fontsize=SMALL)
+
+
+def legend(ax, x, y, roles, fontsize=SMALL):
+    """A one-line legend of role colours starting at (x, y) (lesson 02)."""
+    for role, label in roles:
+        box(ax, x + 0.12, y, 0.22, 0.2, role=role)
+        t = ax.text(x + 0.3, y, label, ha="left", va="center", fontsize=fontsize)
+        x += 0.45 + 0.075 * len(label)
+    return t
+
+
+# --- 01: encoder-decoder with and without attention --------------------------------------------
+
+
+def seq2seq_diagram(source, target, weights=None, hidden_size=None):
+    """RNN encoder-decoder: one fixed context vector vs a new context per step from attention (lesson 01).
+
+    ``source`` and ``target`` are token sequences (or lengths S and T); ``weights`` (T, S), if
+    given, sets the darkness of each line from encoder state j to decoder step i.
+    """
+    src = _labels("source", range(source), source, "{}") if isinstance(source, int) else [str(t) for t in source]
+    tgt = _labels("target", range(target), target, "{}") if isinstance(target, int) else [str(t) for t in target]
+    S, T = _positive_int("len(source)", len(src), 40), _positive_int("len(target)", len(tgt), 40)
+    if weights is not None:
+        w = np.asarray(weights.detach().cpu() if hasattr(weights, "detach") else weights, dtype=float)
+        if w.shape != (T, S):
+            raise ValueError(f"weights must have shape (T, S) = ({T}, {S}), got {w.shape}")
+    else:
+        w = np.full((T, S), 1.0 / S)
+    hid = "" if hidden_size is None else f", {_positive_int('hidden_size', hidden_size)} numbers"
+    width = 10.5
+    fig, ax = canvas(width, 8.7, f"RNN encoder-decoder, S = {S} source tokens, T = {T} output steps")
+    def half(y0, attention):
+        x0, span = 1.3, width - 1.6
+        ax.text(0.15, y0 + 1.75, "encoder", fontsize=FONT, va="center")
+        ax.text(0.15, y0 + 2.95, "decoder", fontsize=FONT, va="center")
+        xs = token_row(ax, src, x0, y0 + 1.1, span, role="other", fontsize=SMALL)
+        hs = token_row(ax, [f"h{j}" for j in range(S)], x0, y0 + 1.75, span, role="key", fontsize=SMALL)
+        for a, b in zip(hs[:-1], hs[1:], strict=True):
+            arrow(ax, (a + 0.2, y0 + 1.75), (b - 0.2, y0 + 1.75), role="key", lw=1)
+        for x in xs:
+            arrow(ax, (x, y0 + 1.29), (x, y0 + 1.56), lw=1)
+        ys = token_row(ax, [f"s{i}" for i in range(T)], x0, y0 + 2.95, span, role="query", fontsize=SMALL)
+        outs = token_row(ax, tgt, x0, y0 + 3.6, span, fontsize=SMALL)
+        for x in outs:
+            arrow(ax, (x, y0 + 3.14), (x, y0 + 3.41), lw=1)
+        if not attention:
+            cx = x0 + span + 0.05
+            box(ax, cx, y0 + 2.35, 0.45, 0.36, "c", role="weights")
+            arrow(ax, (hs[-1] + 0.2, y0 + 1.8), (cx, y0 + 2.16), role="key")
+            for x in ys:
+                ax.plot([cx - 0.22, x], [y0 + 2.35, y0 + 2.76], color=ROLE_COLORS["weights"], lw=1)
+            ax.text(x0, y0 + 0.55, f"one context vector c (the encoder's final state{hid}), the same for all "
+                    f"{T} steps: every output must be read from it", fontsize=FONT, va="center")
+        else:
+            top = max(float(w.max()), 1e-12)
+            for i, xi in enumerate(ys):
+                for j, xj in enumerate(hs):
+                    if w[i, j] > 0.02 * top:
+                        ax.plot([xj, xi], [y0 + 1.93, y0 + 2.76], color="#222222",
+                                lw=0.4 + 2.0 * w[i, j] / top, alpha=0.15 + 0.85 * w[i, j] / top)
+            what = "weights given" if weights is not None else "uniform weights (none given)"
+            ax.text(x0, y0 + 0.55, f"step i scores all {S} encoder states h_j and reads its own context "
+                    f"c_i = sum_j a_ij v_j;\nline darkness and width = a_ij ({what})", fontsize=FONT, va="center")
+
+    ax.text(0.15, 7.95, "without attention (Cho et al. 2014)", fontsize=FONT + 1, weight="bold")
+    half(4.0, attention=False)
+    ax.text(0.15, 3.75, "with attention (Bahdanau et al. 2015)", fontsize=FONT + 1, weight="bold")
+    half(-0.2, attention=True)
+    return fig
+
+
+# --- 01/02: path lengths -----------------------------------------------------------------------
+
+
+def rnn_vs_attention_path_diagram(T, tokens=None):
+    """An RNN's T sequential steps (path length T - 1) beside self-attention's one step (lesson 02)."""
+    T = _positive_int("T", T, 24)
+    labels = _labels("tokens", tokens, T, "x{}")
+    width = 10.0
+    fig, ax = canvas(width, 5.8, f"How far apart are the first and the last of T = {T} tokens?")
+    x0, span = 1.6, width - 1.9
+    ax.text(0.15, 4.6, "RNN", fontsize=FONT + 1, weight="bold")
+    xs = token_row(ax, labels, x0, 3.75, span, fontsize=SMALL)
+    hs = token_row(ax, [f"h{t}" for t in range(T)], x0, 4.45, span, role="key", fontsize=SMALL)
+    for a, b in zip(hs[:-1], hs[1:], strict=True):
+        arrow(ax, (a + 0.18, 4.45), (b - 0.18, 4.45), role="query", lw=2)
+    for x in xs:
+        arrow(ax, (x, 3.94), (x, 4.26), lw=1)
+    ax.text(x0, 3.2, f"{T} steps one after another: token 0 reaches h{T - 1} through {T - 1} recurrent steps\n"
+            "(path length grows with T), and the steps cannot run in parallel", fontsize=FONT, va="center")
+    ax.text(0.15, 2.45, "self-attention", fontsize=FONT + 1, weight="bold")
+    xs = token_row(ax, labels, x0, 0.95, span, fontsize=SMALL)
+    ys = token_row(ax, [f"y{t}" for t in range(T)], x0, 2.3, span, role="weights", fontsize=SMALL)
+    for xi in ys:
+        for xj in xs:
+            ax.plot([xj, xi], [1.14, 2.11], color="#BBBBBB", lw=0.6, zorder=0)
+    arrow(ax, (xs[0], 1.14), (ys[-1], 2.11), role="query", lw=2.4)
+    ax.text(x0, 0.35, f"every output sees all {T} tokens through one (T, T) = ({T}, {T}) matrix of weights:\n"
+            "token 0 reaches the last output in 1 step (path length 1, whatever T is)", fontsize=FONT, va="center")
+    return fig
+
+
+# --- 02: one query's journey --------------------------------------------------------------------
+
+
+def qkv_diagram(T, C, D, query_index=None, S=None):
+    """One query's journey: X -> W_Q, W_K, W_V -> scores -> / sqrt(D) -> softmax -> sum of values (lesson 02)."""
+    T, C, D = _positive_int("T", T), _positive_int("C", C), _positive_int("D", D)
+    S = T if S is None else _positive_int("S", S)
+    t = T - 1 if query_index is None else query_index
+    if not isinstance(t, (int, np.integer)) or not 0 <= t < T:
+        raise ValueError(f"query_index must be an integer in [0, T) = [0, {T}), got {query_index!r}")
+    self_attn = "self-attention, S = T" if S == T else "S keys from another sequence"
+    fig, ax = canvas(11.0, 5.75, f"one query's journey: T = {T}, S = {S} ({self_attn}), C = {C}, D = {D}")
+    # inputs and projections
+    tensor(ax, 0.85, 2.6, 1.3, 0.8, "X", f"(T, C) = ({T}, {C})")
+    rows = {"query": 4.0, "key": 2.6, "value": 1.2}
+    names = {"query": ("W_Q", "Q", f"(T, D) = ({T}, {D})"), "key": ("W_K", "K", f"(S, D) = ({S}, {D})"),
+             "value": ("W_V", "V", f"(S, D) = ({S}, {D})")}
+    for role, y in rows.items():
+        w_name, out, shape = names[role]
+        arrow(ax, (1.5, 2.6), (2.15, y), role=role)
+        tensor(ax, 2.8, y, 1.25, 0.7, w_name, f"(C, D) = ({C}, {D})", role=role)
+        arrow(ax, (3.43, y), (3.9, y), role=role)
+        tensor(ax, 4.6, y, 1.35, 0.7, out, shape, role=role)
+    # the chosen query row
+    tensor(ax, 4.6, 4.85, 1.35, 0.55, f"q = Q[{t}]", f"(D,) = ({D},)", role="query")
+    arrow(ax, (4.6, 4.35), (4.6, 4.57), role="query")
+    # scores, scale, softmax, sum
+    tensor(ax, 6.3, 3.3, 1.5, 0.75, "scores K q", f"(S,) = ({S},)", role="weights")
+    arrow(ax, (5.28, 4.85), (5.55, 3.55), role="query")
+    arrow(ax, (5.28, 2.6), (5.55, 3.1), role="key")
+    tensor(ax, 7.95, 3.3, 1.3, 0.75, "/ sqrt(D)", f"sqrt({D}) = {math.sqrt(D):.3g}", role="weights")
+    arrow(ax, (7.05, 3.3), (7.3, 3.3), role="weights")
+    tensor(ax, 9.6, 3.3, 1.7, 0.75, "softmax", f"a: (S,) = ({S},), sums to 1", role="weights")
+    arrow(ax, (8.6, 3.3), (8.75, 3.3), role="weights")
+    tensor(ax, 9.6, 1.2, 1.6, 0.75, "sum_s a_s V[s]", f"(D,) = ({D},)", role="value")
+    arrow(ax, (9.6, 2.92), (9.6, 1.58), role="weights", text="weights a", text_offset=(0.45, -0.1))
+    arrow(ax, (5.28, 1.2), (8.8, 1.2), role="value")
+    ax.text(0.2, 0.3, f"output row {t} = softmax(K q / sqrt(D)) V; all {T} rows at once: "
+            f"softmax(Q K^T / sqrt(D)) V, shape (T, D) = ({T}, {D})", fontsize=FONT)
+    legend(ax, 0.2, 5.05, [("query", "queries"), ("key", "keys"), ("value", "values")])
+    return fig
+
+
+# --- 04: multi-head attention -------------------------------------------------------------------
+
+
+def multi_head_diagram(T, d_model, n_heads, B=1):
+    """Split C into H heads of D, attend per head, concatenate, W_o: (B, T, C) -> (B, H, T, D) (lesson 04)."""
+    T, B = _positive_int("T", T), _positive_int("B", B)
+    D = _heads(d_model, n_heads)
+    H, C = n_heads, d_model
+    fig, ax = canvas(11.0, 5.6, f"multi-head attention: B = {B}, T = {T}, C = d_model = {C}, "
+                     f"H = n_heads = {H}, D = C / H = {D}")
+    tensor(ax, 0.8, 2.7, 1.3, 0.8, "x", f"(B, T, C)\n= ({B}, {T}, {C})")
+    ys = {"query": 4.1, "key": 2.7, "value": 1.3}
+    for role, y in ys.items():
+        name = {"query": "W_Q", "key": "W_K", "value": "W_V"}[role]
+        arrow(ax, (1.45, 2.7), (1.9, y), role=role)
+        tensor(ax, 2.5, y, 1.15, 0.7, name, f"(C, C) = ({C}, {C})", role=role)
+        arrow(ax, (3.08, y), (3.4, y), role=role)
+        tensor(ax, 4.25, y, 1.6, 0.75, f"split {name[-1]}", f"(B, H, T, D)\n= ({B}, {H}, {T}, {D})", role=role)
+    # heads
+    shown = list(range(H)) if H <= 4 else [0, 1, None, H - 1]
+    top, bottom = 4.5, 0.9
+    step = (top - bottom) / len(shown)
+    box(ax, 6.45, (top + bottom) / 2, 2.0, top - bottom + 0.2, role="weights", fill=False, lw=1)
+    for k, h in enumerate(shown):
+        y = top - step * (k + 0.5)
+        if h is None:
+            ax.text(6.45, y, f"... {H - 3} more heads ...", ha="center", va="center", fontsize=FONT)
+            continue
+        box(ax, 6.45, y, 1.75, min(0.7, step * 0.8), f"head {h}: attend\n(B, T, D) = ({B}, {T}, {D})",
+            role="weights", fontsize=SMALL)
+    for role, y in ys.items():
+        arrow(ax, (5.05, y), (5.45, y), role=role)
+    ax.text(6.45, 0.55, f"{H} heads in parallel, weights (B, H, T, T)", ha="center", fontsize=SMALL)
+    arrow(ax, (7.45, 2.7), (7.8, 2.7))
+    tensor(ax, 8.45, 2.7, 1.3, 0.95, "concat", f"(B, T, H D)\n= ({B}, {T}, {H * D})")
+    arrow(ax, (9.1, 2.95), (9.4, 3.4))
+    tensor(ax, 10.1, 3.5, 1.4, 0.7, "W_o", f"(C, C) = ({C}, {C})")
+    arrow(ax, (10.1, 3.14), (10.1, 2.3))
+    tensor(ax, 10.1, 1.9, 1.4, 0.75, "out", f"(B, T, C)\n= ({B}, {T}, {C})")
+    ax.text(0.2, 0.25, f"each head sees only its own D = {D} of the C = {C} features; the heads cost no "
+            "more than one head of width C (same four C x C matrices)", fontsize=FONT)
+    return fig
+
+
+# --- 05: masks ----------------------------------------------------------------------------------
+
+
+def mask_diagram(T, length, tokens=None):
+    """Which (query, key) pairs the causal mask, the padding mask and both keep; True = may attend (lesson 05)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    T = _positive_int("T", T, 24)
+    length = _positive_int("length", length)
+    if length > T:
+        raise ValueError(f"length={length} real tokens cannot exceed the padded length T={T}")
+    labels = _labels("tokens", tokens, T, "{}") if tokens is None or len(tokens) == T else None
+    if labels is None:
+        labels = _labels("tokens", list(tokens) + ["<pad>"] * (T - len(tokens)), T, "{}")
+    causal = np.tril(np.ones((T, T), dtype=bool))
+    padding = np.broadcast_to(np.arange(T) < length, (T, T))
+    masks = {f"causal_mask({T})\nkey s <= query t": causal,
+             f"padding mask, length {length} of {T}\nkey s < {length}": padding,
+             "both: causal & padding\n(the decoder's mask)": causal & padding}
+    fig, axes = plt.subplots(1, 3, figsize=(10.5, 4.8), dpi=100)
+    for ax, (name, m) in zip(axes, masks.items(), strict=True):
+        ax.imshow(m, cmap=mask_cmap(), vmin=0, vmax=1)
+        ax.set_xticks(np.arange(-0.5, T, 1), minor=True)
+        ax.set_yticks(np.arange(-0.5, T, 1), minor=True)
+        ax.grid(which="minor", color="#BBBBBB", linewidth=0.6)
+        ax.tick_params(which="minor", length=0, labelsize=SMALL)
+        ax.set_xticks(range(T), labels, rotation=90, fontsize=SMALL)
+        ax.set_yticks(range(T), labels, fontsize=SMALL)
+        ax.set_xlabel("key s (attended to)", fontsize=FONT)
+        ax.set_ylabel("query t (attending)", fontsize=FONT)
+        ax.set_title(f"{name}\nkeeps {int(m.sum())} of {T * T} pairs", fontsize=FONT)
+    fig.suptitle(f"which (query, key) pairs each mask keeps, T = {T}: True = may attend",
+                 fontsize=FONT + 2, weight="bold")
+    fig.legend(handles=[Patch(facecolor=ROLE_COLORS["mask"], edgecolor="#888888", label="True: may attend"),
+                        Patch(facecolor="white", edgecolor="#888888", label="False: blocked (score set to -inf)")],
+               loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=FONT, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+# --- 06: positions as rotations -----------------------------------------------------------------
+
+
+def positional_rotation_diagram(d_model, pair=0, n_positions=8, m=1, n=3, shift=2, base=10000.0):
+    """A sinusoid pair as a point turning on a circle; RoPE turning q and k so q.k depends on n - m (lesson 06)."""
+    import matplotlib.pyplot as plt
+
+    d_model = _positive_int("d_model", d_model)
+    if d_model % 2:
+        raise ValueError(f"d_model must be even (sin/cos pairs), got {d_model}")
+    if not isinstance(pair, (int, np.integer)) or not 0 <= pair < d_model // 2:
+        raise ValueError(f"pair must be an integer in [0, d_model / 2) = [0, {d_model // 2}), got {pair!r}")
+    n_positions = _positive_int("n_positions", n_positions, 16)
+    for name, v in (("m", m), ("n", n), ("shift", shift)):
+        if not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"{name} must be a non-negative integer position, got {v!r}")
+    omega = base ** (-2 * pair / d_model)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 5.6), dpi=100)
+    theta = np.linspace(0, 2 * np.pi, 200)
+    for ax in (left, right):
+        ax.plot(np.cos(theta), np.sin(theta), color="#CCCCCC", lw=1)
+        ax.set_aspect("equal")
+        ax.set_xlim(-1.45, 1.45)
+        ax.set_ylim(-1.45, 1.45)
+        ax.axhline(0, color="#DDDDDD", lw=0.8)
+        ax.axvline(0, color="#DDDDDD", lw=0.8)
+    p = np.arange(n_positions)
+    left.plot(np.cos(p * omega), np.sin(p * omega), "o", color=ROLE_COLORS["position"], ms=8)
+    for k in p:
+        left.annotate(f"p={k}", (np.cos(k * omega), np.sin(k * omega)), xytext=(1.17 * np.cos(k * omega),
+                      1.17 * np.sin(k * omega)), ha="center", va="center", fontsize=SMALL)
+    left.set_xlabel(f"PE[p, {2 * pair + 1}] = cos(p w)", fontsize=FONT)
+    left.set_ylabel(f"PE[p, {2 * pair}] = sin(p w)", fontsize=FONT)
+    left.set_title(f"sinusoidal pair {pair} of d_model = {d_model}\n"
+                   f"w = {omega:.3g} rad per position, wavelength {2 * np.pi / omega:.3g} positions\n"
+                   f"positions 0..{n_positions - 1}: each step turns the point by w", fontsize=FONT)
+    # RoPE on one 2-D pair: q = k = (1, 0) direction before rotation, different lengths to tell them apart
+    q0, k0 = np.array([1.0, 0.0]), np.array([0.8, 0.35])
+
+    def rot(v, a):
+        return np.array([v[0] * np.cos(a) - v[1] * np.sin(a), v[0] * np.sin(a) + v[1] * np.cos(a)])
+
+    dots = []
+    for (mm, nn), style in (((m, n), "-"), ((m + shift, n + shift), "--")):
+        q, k = rot(q0, mm * omega), rot(k0, nn * omega)
+        dots.append(float(q @ k))
+        for v, role, lab in ((q, "query", f"q at m={mm}"), (k, "key", f"k at n={nn}")):
+            right.annotate("", xy=v, xytext=(0, 0), arrowprops=dict(arrowstyle="-|>", color=ROLE_COLORS[role],
+                           lw=2, linestyle=style))
+            right.text(*(v * 1.22), lab, ha="center", va="center", fontsize=SMALL, color="black")
+    right.set_xlabel("feature 2i", fontsize=FONT)
+    right.set_ylabel("feature 2i + 1", fontsize=FONT)
+    right.set_title(f"RoPE on the same pair: q turned by m w, k by n w\n"
+                    f"solid m={m}, n={n}; dashed: both moved by {shift}\n"
+                    f"q.k = {dots[0]:.3f} (solid), {dots[1]:.3f} (dashed): only n - m = {n - m} matters", fontsize=FONT)
+    fig.suptitle("positions as rotations", fontsize=FONT + 2, weight="bold")
+    fig.tight_layout()
+    return fig
+
+
+# --- 07: Post-LN vs Pre-LN ----------------------------------------------------------------------
+
+
+def pre_post_ln_diagram(config=None, *, d_model=None, n_heads=None, d_ff=None):
+    """Post-LN and Pre-LN Transformer blocks side by side: residual paths and where LayerNorm sits (lesson 07)."""
+    s = _sizes(config, d_model=d_model, n_heads=n_heads, d_ff=d_ff)
+    C, H, F = s["d_model"], s["n_heads"], _positive_int("d_ff", s["d_ff"])
+    D = _heads(C, H)
+    fig, ax = canvas(10.0, 7.0, f"one encoder block, two placements of LayerNorm "
+                     f"(C = {C}, H = {H}, D = {D}, d_ff = {F})")
+    attn = f"multi-head self-attention\nH = {H} heads of D = {D}"
+    ffn = f"feed-forward\nC -> d_ff -> C = {C} -> {F} -> {C}"
+
+    def column(x, pre):
+        ax.text(x, 6.45, "Pre-LN (norm_first=True)" if pre else "Post-LN (Vaswani et al. 2017)",
+                ha="center", fontsize=FONT + 1, weight="bold")
+        box(ax, x, 0.45, 1.6, 0.42, f"x (B, T, C = {C})", fontsize=SMALL)
+        y = 0.66
+        plan = (["LN", attn, "+", "LN", ffn, "+"] if pre else [attn, "+", "LN", ffn, "+", "LN"])
+        ys = {}
+        for k, item in enumerate(plan):
+            yk = 1.25 + 0.82 * k
+            ys[k] = yk
+            if item == "+":
+                ax.add_patch(__import__("matplotlib.patches", fromlist=["Circle"]).Circle(
+                    (x, yk), 0.17, facecolor="white", edgecolor="black", lw=1.3))
+                ax.text(x, yk, "+", ha="center", va="center", fontsize=FONT + 2)
+                h = 0.34
+            elif item == "LN":
+                box(ax, x, yk, 1.4, 0.42, "LayerNorm", role="position" if False else "mask", fontsize=FONT)
+                h = 0.42
+            else:
+                box(ax, x, yk, 2.4, 0.56, item, role="weights" if item == attn else "other", fontsize=SMALL)
+                h = 0.56
+            arrow(ax, (x, y), (x, yk - h / 2))
+            y = yk + h / 2
+        arrow(ax, (x, y), (x, y + 0.3))
+        ax.text(x, y + 0.42, "out (B, T, C)" + ("  -> final LayerNorm after the last block" if pre else ""),
+                ha="center", fontsize=SMALL)
+        # residual paths: from the input of each sub-layer block to its "+"
+        plus = [k for k, it in enumerate(plan) if it == "+"]
+        starts = [0.66, ys[plus[0]] + 0.17] if pre else [0.66, ys[plus[0] + 1] + 0.21]
+        for start, k in zip(starts, plus, strict=True):
+            xr = x + 1.45
+            ax.plot([x, xr, xr], [start + 0.1, start + 0.1, ys[k]], color="black", lw=1.3)
+            arrow(ax, (xr, ys[k]), (x + 0.17, ys[k]))
+        ax.text(x + 1.5, (starts[0] + ys[plus[0]]) / 2, "residual", rotation=90, va="center", fontsize=SMALL)
+
+    column(2.6, pre=False)
+    column(7.4, pre=True)
+    ax.text(0.2, 0.1, "Post-LN normalises the residual stream itself; Pre-LN normalises only each branch's "
+            "input, so the identity path runs clean from input to output.", fontsize=SMALL)
+    return fig
+
+
+# --- 08: the encoder-decoder --------------------------------------------------------------------
+
+
+def encoder_decoder_diagram(config, S=None, T=None):
+    """The encoder-decoder of a TransformerConfig: stacks, memory to every cross-attention, generator (lesson 08)."""
+    sz = _sizes(config, d_model=None, n_heads=None, d_ff=None, n_encoder_layers=None, n_decoder_layers=None,
+                src_vocab_size=None, tgt_vocab_size=None)
+    C, H = sz["d_model"], sz["n_heads"]
+    D = _heads(C, H)
+    F = _positive_int("d_ff", sz["d_ff"])
+    n_enc = _positive_int("n_encoder_layers", sz["n_encoder_layers"])
+    n_dec = _positive_int("n_decoder_layers", sz["n_decoder_layers"])
+    V_src = _positive_int("src_vocab_size", sz["src_vocab_size"])
+    V_tgt = _positive_int("tgt_vocab_size", sz["tgt_vocab_size"])
+    S_txt = "S" if S is None else f"S = {_positive_int('S', S)}"
+    T_txt = "T" if T is None else f"T = {_positive_int('T', T)}"
+    pre = bool(getattr(config, "norm_first", False))
+    fig, ax = canvas(10.5, 8.6, f"encoder-decoder Transformer: C = {C}, H = {H} (D = {D}), d_ff = {F}, "
+                     f"{n_enc} + {n_dec} layers, {'Pre' if pre else 'Post'}-LN")
+    xe, xd = 2.6, 7.3
+
+    def layers(n):
+        return list(range(n)) if n <= 3 else [0, None, n - 1]
+
+    # encoder
+    box(ax, xe, 0.5, 3.2, 0.45, f"source ids (B, {S_txt}), vocab {V_src}", fontsize=SMALL)
+    box(ax, xe, 1.2, 3.2, 0.5, f"embedding x sqrt(C) + sinusoidal positions\n(B, {S_txt}, C = {C})",
+        role="position", fontsize=SMALL)
+    arrow(ax, (xe, 0.72), (xe, 0.95))
+    y = 1.45
+    enc_layers = layers(n_enc)
+    h_layer = min(1.3, 4.6 / len(enc_layers))
+    for i in enc_layers:
+        yc = y + 0.2 + h_layer / 2
+        if i is None:
+            ax.text(xe, yc, f"... layers 2 to {n_enc - 1} ...", ha="center", va="center", fontsize=FONT)
+        else:
+            box(ax, xe, yc, 3.2, h_layer - 0.1, role="other", fill=False)
+            ax.text(xe - 1.5, yc + h_layer / 2 - 0.2, f"encoder layer {i + 1}", fontsize=SMALL, weight="bold")
+            box(ax, xe, yc + 0.05, 2.8, 0.32, "self-attention (padding mask)", role="key", fontsize=SMALL)
+            box(ax, xe, yc - 0.35, 2.8, 0.28, f"feed-forward {C} -> {F} -> {C}", fontsize=SMALL)
+        arrow(ax, (xe, y), (xe, y + 0.2))
+        y += 0.2 + h_layer
+    box(ax, xe, y + 0.45, 3.2, 0.5, f"memory (B, {S_txt}, C = {C})", role="value", fontsize=FONT)
+    arrow(ax, (xe, y), (xe, y + 0.2))
+    mem_y = y + 0.45
+    # decoder
+    box(ax, xd, 0.5, 3.4, 0.45, f"target ids, shifted right: <s> y0 ... (B, {T_txt})", fontsize=SMALL)
+    box(ax, xd, 1.2, 3.4, 0.5, f"embedding x sqrt(C) + sinusoidal positions\n(B, {T_txt}, C = {C})",
+        role="position", fontsize=SMALL)
+    arrow(ax, (xd, 0.72), (xd, 0.95))
+    y = 1.45
+    dec_layers = layers(n_dec)
+    h_layer = min(1.55, 4.6 / len(dec_layers))
+    for i in dec_layers:
+        yc = y + 0.2 + h_layer / 2
+        if i is None:
+            ax.text(xd, yc, f"... layers 2 to {n_dec - 1} ...", ha="center", va="center", fontsize=FONT)
+        else:
+            box(ax, xd, yc, 3.4, h_layer - 0.1, fill=False)
+            ax.text(xd - 1.6, yc + h_layer / 2 - 0.2, f"decoder layer {i + 1}", fontsize=SMALL, weight="bold")
+            box(ax, xd, yc + 0.25, 3.0, 0.26, "causal self-attention (causal & padding)", role="mask",
+                fontsize=SMALL)
+            box(ax, xd, yc - 0.1, 3.0, 0.26, "cross-attention: Q here, K V = memory", role="query", fontsize=SMALL)
+            box(ax, xd, yc - 0.45, 3.0, 0.24, f"feed-forward {C} -> {F} -> {C}", fontsize=SMALL)
+            arrow(ax, (xe + 1.6, mem_y), (xd - 1.5, yc - 0.1), role="value", lw=1.6,
+                  connectionstyle="arc3,rad=-0.15")
+        arrow(ax, (xd, y), (xd, y + 0.2))
+        y += 0.2 + h_layer
+    box(ax, xd, y + 0.45, 3.4, 0.5, f"generator Linear(C, V) = ({C}, {V_tgt})\nlogits (B, {T_txt}, V = {V_tgt})",
+        role="weights", fontsize=SMALL)
+    arrow(ax, (xd, y), (xd, y + 0.2))
+    top = max(y + 0.75, mem_y + 0.3)
+    ax.text(xe, top + 0.2, "encoder", ha="center", fontsize=FONT + 1, weight="bold")
+    ax.text(xd, top + 0.2, "decoder", ha="center", fontsize=FONT + 1, weight="bold")
+    ax.text(5.0, top + 0.65, f"memory (green) feeds the cross-attention of every one of the {n_dec} decoder layers",
+            ha="center", fontsize=FONT)
+    _fit_height(fig, ax, top + 1.35)
+    return fig
+
+
+# --- 09: the KV cache ---------------------------------------------------------------------------
+
+
+def kv_cache_diagram(n_steps, d_model, n_heads, n_layers=1, prompt_len=1):
+    """A KV cache growing by one key and one value per generated token while one new query attends (lesson 09).
+
+    ``prompt_len`` tokens (e.g. ``<s>``) are already cached before the first drawn step; the
+    cross-attention keys and values of the encoder memory are computed once and are not drawn.
+    """
+    n_steps = _positive_int("n_steps", n_steps, 6)
+    prompt_len = _positive_int("prompt_len", prompt_len, 8)
+    if prompt_len + n_steps > 11:
+        raise ValueError(f"prompt_len + n_steps = {prompt_len + n_steps} cache slots do not fit; draw at most 11")
+    n_layers = _positive_int("n_layers", n_layers)
+    D = _heads(d_model, n_heads)
+    H = n_heads
+    width = 10.5
+    fig, ax = canvas(width, 1.55 + 1.15 * n_steps, f"KV cache: C = {d_model}, H = {H} heads of D = {D}, "
+                     f"{n_layers} decoder layer{'s' if n_layers > 1 else ''}, one cache per layer")
+    cell = 0.42
+    x0 = 3.4
+    for k in range(n_steps):
+        t = prompt_len + k  # position of the new token
+        y = 1.15 * (n_steps - k) - 0.05
+        ax.text(0.15, y + 0.3, f"step {k + 1}: new token at position {t}", fontsize=FONT, va="center")
+        ax.text(0.15, y, f"cache (B, H, {t + 1}, D) = (1, {H}, {t + 1}, {D})", fontsize=SMALL, va="center")
+        ax.text(0.15, y - 0.3, f"q{t} . k0..k{t}: {t + 1} scores, not {t + 1} x {t + 1}", fontsize=SMALL,
+                va="center")
+        box(ax, x0 - 0.45, y, 0.46, 0.36, f"q{t}", role="query", fontsize=SMALL)
+        for s in range(t + 1):
+            x = x0 + 0.4 + s * (cell + 0.06)
+            new = s == t
+            box(ax, x, y + 0.2, cell, 0.34, f"k{s}", role="key", fontsize=SMALL, lw=3 if new else 1)
+            box(ax, x, y - 0.2, cell, 0.34, f"v{s}", role="value", fontsize=SMALL, lw=3 if new else 1)
+            arrow(ax, (x0 - 0.45, y + 0.19), (x, y + 0.38), role="weights", lw=0.9, alpha=0.8,
+                  connectionstyle=f"arc3,rad={-0.5 / (1 + 0.25 * s):.3f}")
+        xn = x0 + 0.4 + (t + 1) * (cell + 0.06) - 0.1
+        ax.text(xn, y, f"<- k{t}, v{t} appended", fontsize=SMALL, va="center")
+    ax.text(0.15, 0.25, "per step only the new token goes through W_Q, W_K, W_V "
+            "(thick: this step's new key and value);\n"
+            f"the cache grows by 2 x H x D = {2 * H * D} numbers per layer and token "
+            f"({2 * H * D * n_layers} for all {n_layers} layers); before step 1 the cache holds {prompt_len} "
+            f"token{'s' if prompt_len > 1 else ''}", fontsize=FONT, va="center")
+    return fig

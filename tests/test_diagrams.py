@@ -1,0 +1,149 @@
+"""Every diagram draws headless at two sizes, returns a Figure and labels the sizes it was given."""
+
+import re
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+
+from helpers import diagrams  # noqa: E402
+from helpers.plot import ROLE_COLORS, heads_grid, mask_heatmap  # noqa: E402
+from helpers.transformer import TransformerConfig  # noqa: E402
+
+
+def _text(fig) -> str:
+    return "\n".join(t.get_text() for t in fig.findobj(Text))
+
+
+def _config(d_model, n_heads, d_ff, n_enc, n_dec, norm_first):
+    return TransformerConfig(37, 19, d_model=d_model, n_heads=n_heads, d_ff=d_ff, n_encoder_layers=n_enc,
+                             n_decoder_layers=n_dec, dropout=0.0, max_len=64, norm_first=norm_first)
+
+
+# (function, kwargs, strings that must appear in the figure's text)
+CASES = [
+    (diagrams.seq2seq_diagram, dict(source=list("4830"), target=list("0384"), weights=np.eye(4)[::-1],
+                                    hidden_size=32),
+     ["S = 4", "T = 4", "h3", "32 numbers", "weights given"]),
+    (diagrams.seq2seq_diagram, dict(source=7, target=5), ["S = 7", "T = 5", "h6", "s4", "none given"]),
+    (diagrams.rnn_vs_attention_path_diagram, dict(T=9), ["T = 9", "h8", "through 8 recurrent", "(9, 9)"]),
+    (diagrams.rnn_vs_attention_path_diagram, dict(T=5, tokens=list("abcde")), ["T = 5", "(5, 5)", "e"]),
+    (diagrams.qkv_diagram, dict(T=9, C=12, D=4), ["(T, C) = (9, 12)", "(C, D) = (12, 4)", "(D,) = (4,)",
+                                                  "sqrt(4) = 2", "Q[8]"]),
+    (diagrams.qkv_diagram, dict(T=5, C=32, D=16, query_index=2, S=7),
+     ["(T, D) = (5, 16)", "(S, D) = (7, 16)", "(S,) = (7,)", "sqrt(16) = 4", "Q[2]"]),
+    (diagrams.multi_head_diagram, dict(T=8, d_model=32, n_heads=2), ["(1, 2, 8, 16)", "(32, 32)", "head 1",
+                                                                     "D = C / H = 16"]),
+    (diagrams.multi_head_diagram, dict(T=6, d_model=48, n_heads=8, B=3),
+     ["(3, 8, 6, 6)", "(48, 48)", "head 7", "5 more heads", "(3, 6, 48)"]),
+    (diagrams.mask_diagram, dict(T=6, length=3, tokens=["dogs", "bark", "loudly"]),
+     ["causal_mask(6)", "length 3 of 6", "keeps 21 of 36", "keeps 18 of 36", "keeps 15 of 36", "may attend",
+      "<pad>"]),
+    (diagrams.mask_diagram, dict(T=4, length=4), ["causal_mask(4)", "keeps 10 of 16", "keeps 16 of 16"]),
+    (diagrams.positional_rotation_diagram, dict(d_model=64), ["d_model = 64", "pair 0", "w = 1 ", "p=7",
+                                                               "n - m = 2"]),
+    (diagrams.positional_rotation_diagram, dict(d_model=16, pair=2, n_positions=12, m=0, n=5, shift=3),
+     ["d_model = 16", "pair 2", "PE[p, 4]", "PE[p, 5]", "p=11", "n - m = 5", "moved by 3"]),
+    (diagrams.pre_post_ln_diagram, dict(d_model=32, n_heads=4, d_ff=64), ["C = 32", "H = 4", "D = 8",
+                                                                           "32 -> 64 -> 32"]),
+    (diagrams.pre_post_ln_diagram, dict(config=_config(512, 8, 2048, 6, 6, False)),
+     ["C = 512", "D = 64", "512 -> 2048 -> 512"]),
+    (diagrams.encoder_decoder_diagram, dict(config=_config(64, 4, 128, 2, 2, True), S=12, T=11),
+     ["C = 64", "D = 16", "2 + 2 layers", "Pre-LN", "S = 12", "T = 11", "vocab 37", "(64, 19)",
+      "decoder layer 2", "every one of the 2 decoder"]),
+    (diagrams.encoder_decoder_diagram, dict(config=_config(512, 8, 2048, 6, 4, False)),
+     ["C = 512", "6 + 4 layers", "Post-LN", "encoder layer 6", "decoder layer 4", "2048"]),
+    (diagrams.kv_cache_diagram, dict(n_steps=4, d_model=64, n_heads=4, n_layers=2),
+     ["H = 4 heads of D = 16", "(1, 4, 5, 16)", "k4", "128 numbers", "256 for all 2"]),
+    (diagrams.kv_cache_diagram, dict(n_steps=2, d_model=24, n_heads=3, prompt_len=6),
+     ["H = 3 heads of D = 8", "(1, 3, 8, 8)", "q7", "48 numbers"]),
+]
+
+
+@pytest.mark.parametrize("fn, kwargs, expected", CASES, ids=lambda c: getattr(c, "__name__", None))
+def test_diagram_draws_and_labels_its_sizes(fn, kwargs, expected):
+    fig = fn(**kwargs)
+    try:
+        assert isinstance(fig, Figure)
+        text = _text(fig)
+        missing = [s for s in expected if s not in text]
+        assert not missing, f"{fn.__name__} lacks labels {missing}"
+        fig.canvas.draw()  # rendering must succeed too
+    finally:
+        plt.close(fig)
+
+
+def test_every_diagram_is_tested_at_two_sizes():
+    names = [n for n in diagrams.__all__ if n.endswith("_diagram")]
+    assert len(names) == 9
+    counts = {n: sum(fn.__name__ == n for fn, _, _ in CASES) for n in names}
+    assert all(c >= 2 for c in counts.values()), counts
+
+
+def test_rope_panel_dot_products_are_equal():
+    fig = diagrams.positional_rotation_diagram(32, pair=1, m=2, n=7, shift=5)
+    try:
+        title = fig.axes[1].get_title()
+        assert "only n - m = 5 matters" in title
+        solid, dashed = re.search(r"q.k = (-?[0-9.]+) \(solid\), (-?[0-9.]+) \(dashed\)", title).groups()
+        assert solid == dashed
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: diagrams.multi_head_diagram(8, 30, 4), "d_model=30 must be a multiple of n_heads=4"),
+    (lambda: diagrams.qkv_diagram(0, 12, 4), "T must be a positive integer"),
+    (lambda: diagrams.qkv_diagram(9, 12, 4, query_index=9), "query_index must be an integer in [0, T)"),
+    (lambda: diagrams.mask_diagram(4, 5), "length=5"),
+    (lambda: diagrams.seq2seq_diagram(4, 3, weights=np.ones((4, 3))), "weights must have shape (T, S) = (3, 4)"),
+    (lambda: diagrams.positional_rotation_diagram(15), "d_model must be even"),
+    (lambda: diagrams.pre_post_ln_diagram(d_model=32, n_heads=4), "d_ff is missing"),
+    (lambda: diagrams.kv_cache_diagram(6, 64, 4, prompt_len=8), "do not fit"),
+    (lambda: diagrams.rnn_vs_attention_path_diagram(3, tokens=["a"]), "tokens has 1 entries"),
+])
+def test_bad_sizes_get_clear_errors(call, message):
+    with pytest.raises(ValueError, match=None) as info:
+        call()
+    assert message in str(info.value)
+    plt.close("all")
+
+
+def test_role_colours_are_distinct_and_shared():
+    roles = ["query", "key", "value", "mask", "position"]
+    assert len({ROLE_COLORS[r] for r in roles}) == len(roles)
+    ax = mask_heatmap(np.tril(np.ones((4, 4), dtype=bool)), title="causal")
+    try:
+        image = ax.images[0]
+        kept = image.cmap(image.norm(1.0))
+        assert matplotlib.colors.to_hex(kept) == ROLE_COLORS["mask"].lower()
+        assert len(ax.figure.axes) == 2  # the mask and its colour bar
+        labels = [t.get_text() for t in ax.figure.axes[1].get_yticklabels()]
+        assert any("may attend" in s for s in labels)
+    finally:
+        plt.close(ax.figure)
+
+
+def test_mask_heatmap_rejects_non_boolean():
+    with pytest.raises(ValueError, match="mask must be boolean"):
+        mask_heatmap(np.full((3, 3), 0.5))
+    plt.close("all")
+
+
+def test_heads_grid_has_one_colour_bar_on_a_shared_scale():
+    w = np.random.default_rng(0).dirichlet(np.ones(5), size=(3, 5))  # (H, T, S)
+    w[2] *= 0.5  # a head with smaller weights must not be stretched to its own maximum
+    fig = heads_grid(w)
+    try:
+        images = [ax.images[0] for ax in fig.axes if ax.images]
+        assert len(images) == 3
+        assert [im.norm.vmax for im in images] == pytest.approx([float(w.max())] * 3)
+        assert len(fig.axes) == 3 + 1  # 3 heads and 1 colour bar
+    finally:
+        plt.close(fig)
