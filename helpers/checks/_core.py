@@ -211,9 +211,11 @@ def _run_case(name, fn, reference_fn, case, bugs, atol, rtol, adapt, strict_type
         got = adapt(got, expected)
         if isinstance(got, str) and not isinstance(expected, str):
             raise _Stop(f"✗ {name}: on {case.name}: {got}")
-    reason = (_type_reason(got, expected) if strict_types else None) or compare(got, expected, atol, rtol)
-    if reason is not None:
-        reason = _known_bug(got, case, bugs, atol, rtol, None) or reason
+    reason = _type_reason(got, expected) if strict_types else None
+    if reason is None:
+        reason = compare(got, expected, atol, rtol)
+        if reason is not None:
+            reason = _known_bug(got, case, bugs, atol, rtol, None) or reason
     if reason is None and validate is not None:
         reason = validate(got, case)
     if reason is not None:
