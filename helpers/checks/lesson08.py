@@ -22,7 +22,7 @@ def check_teacher_forcing(fn) -> CheckResult:
                   (torch.tensor([[1, 5, 12, 12, 4, 3, 3, 6, 3, 7, 8, 2]]),))]
     bugs = [Bug("the two are swapped: the decoder reads tgt[:, :-1] and learns to predict tgt[:, 1:]",
                 lambda t: (t[:, 1:], t[:, :-1])),
-            Bug("both must have T = T + 1 - 1 tokens: drop the last token from the input and the first from the labels",
+            Bug("the decoder input must have T tokens, not T + 1: drop the last token, tgt[:, :-1]",
                 lambda t: (t, t[:, 1:]))]
     return check("teacher_forcing", fn, _teacher_forcing, cases, bugs=bugs)
 
