@@ -4,8 +4,8 @@ A check runs the learner's function and the reference on the same cases and prin
 line: ``✓`` (all cases match), ``…`` (a stub that returns None) or ``✗`` with the first reason.
 On each case it also rejects an answer that modifies its inputs in place, returns something
 other than a tensor of the reference's dtype, or fails on the same inputs laid out
-non-contiguously; when a wrong answer equals a known bug on the failing case, the bug's message
-names the mistake.
+non-contiguously; when a wrong answer equals a known bug on every case, the bug's message names
+the mistake.
 """
 
 from __future__ import annotations
@@ -185,19 +185,31 @@ def _call(fn, args, kwargs, where):
         raise _Stop(f"✗ on {where}, your function raised {type(err).__name__}: {err}") from None
 
 
-def _known_bug(got, case, bugs, atol, rtol, adapt) -> str | None:
+def _known_bug(fn, cases, bugs, atol, rtol, adapt) -> str | None:
+    """The message of the first bug that reproduces the learner's answer on every case, if any."""
+    answers = []
+    for case in cases:
+        try:
+            got = fn(*clone(case.args), **clone(case.kwargs))
+        except Exception:  # an answer that crashes somewhere is no known bug
+            return None
+        answers.append(got)
     for bug in bugs:
         try:
-            wrong = bug.fn(*clone(case.args), **clone(case.kwargs))
-            candidate = adapt(got, wrong) if adapt is not None else got
-            if compare(candidate, wrong, atol, rtol) is None:
+            for case, got in zip(cases, answers, strict=True):
+                wrong = bug.fn(*clone(case.args), **clone(case.kwargs))
+                if adapt is not None:
+                    got = adapt(got, wrong)
+                if compare(got, wrong, atol, rtol) is not None:
+                    break
+            else:
                 return bug.message
         except Exception:  # a bug that does not apply to these inputs
             continue
     return None
 
 
-def _run_case(name, fn, reference_fn, case, bugs, atol, rtol, adapt, strict_types, layouts, validate):
+def _run_case(name, fn, reference_fn, case, cases, bugs, atol, rtol, adapt, strict_types, layouts, validate):
     args, kwargs = clone(case.args), clone(case.kwargs)
     saved = _snapshot(args, kwargs)
     got = _call(fn, args, kwargs, case.name)
@@ -215,7 +227,7 @@ def _run_case(name, fn, reference_fn, case, bugs, atol, rtol, adapt, strict_type
     if reason is None:
         reason = compare(got, expected, atol, rtol)
         if reason is not None:
-            reason = _known_bug(got, case, bugs, atol, rtol, None) or reason
+            reason = _known_bug(fn, cases, bugs, atol, rtol, adapt) or reason
     if reason is None and validate is not None:
         reason = validate(got, case)
     if reason is not None:
@@ -239,7 +251,7 @@ def check(name: str, fn, reference_fn, cases, *, bugs=(), atol: float = 1e-5, rt
     """Run ``fn`` and ``reference_fn`` on every case; print exactly one line; truthy if all match (lesson 00).
 
     ``bugs``: known mistakes (``Bug``), whose message replaces the generic reason when the answer
-    equals one of them on the failing case. ``adapt(got, expected)`` may reshape the learner's
+    equals one of them on every case. ``adapt(got, expected)`` may reshape the learner's
     answer first (or return a string, the reason to reject it). ``strict_types``: a tensor of the
     reference's dtype, an int where it gives an int. ``layouts``: also run every case with
     non-contiguous tensors. ``validate(got, case)`` may return an extra reason; ``then(fn)``,
@@ -251,7 +263,7 @@ def check(name: str, fn, reference_fn, cases, *, bugs=(), atol: float = 1e-5, rt
         return CheckResult(False)
     try:
         for case in cases:
-            _run_case(name, fn, reference_fn, case, bugs, atol, rtol, adapt, strict_types, layouts, validate)
+            _run_case(name, fn, reference_fn, case, cases, bugs, atol, rtol, adapt, strict_types, layouts, validate)
         line = f"✓ {name}: matches the reference on all {len(cases)} cases"
         if then is not None:
             ok, text = then(fn)

@@ -30,8 +30,10 @@ def check_mha_param_count(fn) -> CheckResult:
         Case("d_model=64, n_heads=1, bias=False", (64, 1, False)),
     ]
 
-    bugs = [Bug("the biases are counted although bias=False (or missing although bias=True): 4 * d_model of them",
-                lambda d, h, b: 4 * d * d + (0 if b else 4 * d)),
+    bugs = [Bug("the biases are counted although bias=False: add the 4 * d_model biases only when bias=True",
+                lambda d, h, b: 4 * d * d + 4 * d),
+            Bug("the biases are missing: with bias=True each of the four projections has d_model of them",
+                lambda d, h, b: 4 * d * d),
             Bug("the count depends on n_heads: H heads of width D = C / H share the same C x C projections",
                 lambda d, h, b: h * mha_param_count_reference(d, h, b)),
             Bug("the output projection is missing: there are four C x C matrices (q, k, v, out)",
