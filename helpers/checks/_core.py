@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 
 @dataclass
@@ -284,6 +285,25 @@ def run_check(name: str, learner_fn, reference_fn, cases, atol: float = 1e-5, rt
               adapt=None) -> CheckResult:
     """``check`` without known bugs (kept for existing callers) (lesson 00)."""
     return check(name, learner_fn, reference_fn, cases, atol=atol, rtol=rtol, adapt=adapt)
+
+
+class _Recorder(TorchFunctionMode):
+    """Record the name of every torch function and tensor method called inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.add(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def torch_calls(fn, *args, **kwargs) -> set:
+    """The names of the torch functions and tensor methods ``fn(*args, **kwargs)`` calls (lesson 06)."""
+    with _Recorder() as recorder:
+        fn(*args, **kwargs)
+    return recorder.names
 
 
 def check_prediction(name: str, predicted, measure: Callable[[], float], what: str,

@@ -47,11 +47,11 @@ def _attention_read(scores, h, mask):
 def check_attention_read(fn) -> CheckResult:
     """Check ``attention_read(scores (B, S), h (B, S, E), mask (B, S)) -> (context (B, E), weights)`` (lesson 01)."""
     g = torch.Generator().manual_seed(1)
-    full = torch.ones(2, 4, dtype=torch.bool)
+    full = torch.ones(1, 4, dtype=torch.bool)
     padded = torch.tensor([[True] * 5, [True, True, True, False, False]])
     cases = [
-        Case("B=2, S=4, no padding (mask all True)",
-             (torch.randn(2, 4, generator=g), torch.randn(2, 4, 3, generator=g), full)),
+        Case("B=1, S=4, no padding (mask all True; a batch of one)",
+             (torch.randn(1, 4, generator=g), torch.randn(1, 4, 3, generator=g), full)),
         Case("row 1 has 2 padded positions (mask False there: they must get weight 0)",
              (torch.randn(2, 5, generator=g), torch.randn(2, 5, 3, generator=g), padded)),
         Case("scores of size 1e3 with padding (a naive exp overflows)",

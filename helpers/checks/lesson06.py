@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, torch_calls
 from helpers.positional import apply_rotary
 
 __all__ = ["check_shift_matrix", "check_distance_scores", "check_rotate_half", "check_alibi_bias",
@@ -62,7 +62,15 @@ def check_distance_scores(fn) -> CheckResult:
               lambda n, d: _distance_scores(n, d, n_freq=d)),
              Bug("twice the reference: each pair contributes one cosine, cos((p - q) w_i), not two",
               lambda n, d: 2 * _distance_scores(n, d))]
-    return check("distance_scores", fn, _distance_scores, cases, bugs=bugs, atol=1e-4)
+
+    def closed_form_only(fn):  # the encoding needs sines; the closed form sum_i cos((p - q) w_i) does not
+        used = torch_calls(fn, 20, 16) & {"sin", "sin_", "sinusoidal_encoding"}
+        if used:
+            return False, ("the values are right, but your function computes sines, so it builds the encoding; "
+                           "use only the closed form sum_i cos((p - q) w_i)")
+        return True, ""
+
+    return check("distance_scores", fn, _distance_scores, cases, bugs=bugs, atol=1e-4, then=closed_form_only)
 
 
 def check_rotate_half(fn) -> CheckResult:

@@ -60,6 +60,11 @@ def test_attention_read(accepts, rejects):
     rejects(check_attention_read, fills_in_place, "in place")
     rejects(check_attention_read, lambda s, h, m: attention_read(s, h, m)[0], "expected a tuple of 2")
 
+    def squeezes(scores, h, mask):  # squeeze() also drops the batch axis when B = 1
+        w = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        return (w[:, None] @ h).squeeze(), w
+    rejects(check_attention_read, squeezes, "✗ attention_read: on B=1, S=4")
+
 
 def input_gradient_norms(rnn, x):
     x = x.clone().requires_grad_(True)

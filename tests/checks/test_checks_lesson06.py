@@ -11,7 +11,7 @@ from helpers.checks import (
     check_rotate_half,
     check_shift_matrix,
 )
-from helpers.checks.lesson06 import _rotate_half
+from helpers.checks.lesson06 import _distance_scores, _rotate_half
 from helpers.positional import apply_rotary, sinusoidal_encoding
 
 
@@ -35,8 +35,17 @@ def test_shift_matrix(accepts, rejects):
 
 
 def test_distance_scores(accepts, rejects):
-    accepts(check_distance_scores, lambda n, d: sinusoidal_encoding(n, d) @ sinusoidal_encoding(n, d).T,
-            "✓ distance_scores: matches the reference on all 3 cases")
+    accepts(check_distance_scores, _distance_scores, "✓ distance_scores: matches the reference on all 3 cases")
+    # the exercise forbids building the encoding: right values from PE @ PE.T are rejected
+    rejects(check_distance_scores, lambda n, d: sinusoidal_encoding(n, d) @ sinusoidal_encoding(n, d).T,
+            "builds the encoding")
+
+    def by_hand(n, d):
+        pos = torch.arange(n, dtype=torch.float64)[:, None]
+        w = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        pe = torch.stack((torch.sin(pos * w), torch.cos(pos * w)), dim=-1).flatten(1)
+        return (pe @ pe.T).float()
+    rejects(check_distance_scores, by_hand, "builds the encoding")
     rejects(check_distance_scores, lambda n, d: None, "not implemented yet")
 
     def all_frequencies(n, d):  # one frequency per feature instead of per pair
