@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, torch_calls
-from helpers.positional import apply_rotary
+from helpers.positional import apply_rotary, sinusoidal_encoding
 
 __all__ = ["check_shift_matrix", "check_distance_scores", "check_rotate_half", "check_alibi_bias",
-           "check_predict_half_distance"]
+           "check_predict_self_dot"]
 
 
 def _omega(d_model: int) -> torch.Tensor:
@@ -96,12 +96,12 @@ def check_alibi_bias(fn) -> CheckResult:
     return check("alibi_bias", fn, _alibi, cases, bugs=bugs)
 
 
-def _half_distance(d_model: int = 64) -> float:
-    row = _distance_scores(400, d_model)[0]  # PE(0) . PE(k) for k = 0 .. 399; the maximum is row[0]
-    return float((row < row[0] / 2).nonzero()[0, 0])
+def _self_dot(d_model: int = 64, position: int = 37) -> float:
+    pe = sinusoidal_encoding(position + 1, d_model)[position].double()  # (C,)
+    return float(pe @ pe)
 
 
-def check_predict_half_distance(predicted) -> CheckResult:
-    """Predict then measure: the first k where PE(p) . PE(p + k) falls below half its maximum (lesson 06)."""
-    return check_prediction("predict_half_distance", predicted, _half_distance,
-                            "first distance below half the maximum", rel_tol=0.5)
+def check_predict_self_dot(predicted) -> CheckResult:
+    """Predict then measure: PE(37) . PE(37), the squared length of one position's encoding, d_model=64 (lesson 06)."""
+    return check_prediction("predict_self_dot", predicted, _self_dot, "PE(37) . PE(37) at d_model=64",
+                            abs_tol=0.5)

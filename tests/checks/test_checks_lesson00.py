@@ -33,6 +33,9 @@ def test_merge_heads(accepts, rejects):
     rejects(check_merge_heads, lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), "raised RuntimeError")
     rejects(check_merge_heads, lambda x: x.reshape(x.shape[0], x.shape[2], -1), "the transpose is missing")
     rejects(check_merge_heads, lambda x: merge_heads(x.mul_(2)) / 2, "in place")
+    rejects(check_merge_heads, lambda x: merge_heads(x).numpy(), "return a torch.Tensor")
+    rejects(check_merge_heads, lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1),
+            "✗ merge_heads: on the output of split_heads(x (2, 3, 8), 2)")
 
 
 def test_scores_shape(accepts, rejects):
@@ -41,4 +44,6 @@ def test_scores_shape(accepts, rejects):
     rejects(check_scores_shape, lambda B, H, T, S: None, "not implemented yet")
     rejects(check_scores_shape, lambda B, H, T, S: (B, H, S, T), "(B, H, T, S)")
     rejects(check_scores_shape, lambda B, H, T, S: (B, T, S), "expected a tuple of 4")
+    rejects(check_scores_shape, lambda B, H, T, S: (B, H, T, T), "✗ scores_shape: on B=2, H=4, T=3, S=5")
+    rejects(check_scores_shape, lambda B, H, T, S: (B, H, T, S / 1), "✗ scores_shape")
     rejects(check_scores_shape, lambda B, H, T, S: np.array([B, H, T, S]), "expected a tuple of 4 results, got ndarray")

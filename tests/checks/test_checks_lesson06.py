@@ -7,7 +7,7 @@ import torch
 from helpers.checks import (
     check_alibi_bias,
     check_distance_scores,
-    check_predict_half_distance,
+    check_predict_self_dot,
     check_rotate_half,
     check_shift_matrix,
 )
@@ -89,9 +89,9 @@ def test_alibi_bias(accepts, rejects):
     rejects(check_alibi_bias, lambda T, s: alibi(T, s).tril(), "✗ alibi_bias: on T=4, slope=1.0: values differ")
 
 
-def test_predict_half_distance(verdict):
-    assert not verdict(check_predict_half_distance, None)[0]
-    ok, line = verdict(check_predict_half_distance, 30)
-    assert ok and line.startswith("✓ predict_half_distance: you predicted 30; the measured")
-    assert not verdict(check_predict_half_distance, 1)[0]
-    assert not verdict(check_predict_half_distance, 10000)[0]
+def test_predict_self_dot(verdict):
+    assert not verdict(check_predict_self_dot, None)[0]
+    ok, line = verdict(check_predict_self_dot, 32)
+    assert ok and line.startswith("✓ predict_self_dot: you predicted 32; the measured PE(37) . PE(37)")
+    assert not verdict(check_predict_self_dot, 64)[0]  # "64 features": each (sin, cos) pair gives 1, not 2
+    assert not verdict(check_predict_self_dot, 1)[0]
