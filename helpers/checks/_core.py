@@ -48,6 +48,11 @@ def clone(x):
     return x
 
 
+def randn(generator: torch.Generator, *shape) -> torch.Tensor:
+    """Standard-normal float32 test input of ``shape`` drawn from a check's own generator (lesson 02)."""
+    return torch.randn(*shape, generator=generator)
+
+
 def non_contiguous(x):
     """The same values as ``x`` with a non-contiguous layout (tensors of 2+ entries) (lesson 00)."""
     if isinstance(x, torch.Tensor):

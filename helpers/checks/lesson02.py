@@ -7,13 +7,10 @@ import math
 import torch
 
 from helpers.attention import scaled_dot_product_attention
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, randn
 
 __all__ = ["check_one_query", "check_self_attention", "check_hard_lookup", "check_predict_sharpness"]
 
-
-def _rand(g, *shape):
-    return torch.randn(*shape, generator=g)
 
 
 # --- exercise 1: one query --------------------------------------------------------------------
@@ -27,9 +24,9 @@ def check_one_query(fn) -> CheckResult:
     """Check ``one_query(q (D,), k (S, D), v (S, Dv)) -> (Dv,)``, attention for a single query (lesson 02)."""
     g = torch.Generator().manual_seed(2)
     cases = [
-        Case("a single key (S=1): the output must be v[0]", (_rand(g, 4), _rand(g, 1, 4), _rand(g, 1, 3))),
-        Case("D=4, S=5 keys, Dv=3", (_rand(g, 4), _rand(g, 5, 4), _rand(g, 5, 3))),
-        Case("D=16, S=9 keys, Dv=16", (_rand(g, 16), _rand(g, 9, 16), _rand(g, 9, 16))),
+        Case("a single key (S=1): the output must be v[0]", (randn(g, 4), randn(g, 1, 4), randn(g, 1, 3))),
+        Case("D=4, S=5 keys, Dv=3", (randn(g, 4), randn(g, 5, 4), randn(g, 5, 3))),
+        Case("D=16, S=9 keys, Dv=16", (randn(g, 16), randn(g, 9, 16), randn(g, 9, 16))),
     ]
     bugs = [
         Bug("your answer matches softmax(k q) v without the scaling: divide the scores by sqrt(D)",
@@ -52,10 +49,10 @@ def check_self_attention(fn) -> CheckResult:
     """Check ``self_attention(x (T, C), w_q (C, D), w_k (C, D), w_v (C, C)) -> (out, weights)`` (lesson 02)."""
     g = torch.Generator().manual_seed(3)
     cases = [
-        Case("T=5 tokens, C=12, D=4", (_rand(g, 5, 12), _rand(g, 12, 4), _rand(g, 12, 4), _rand(g, 12, 12))),
-        Case("T=9 tokens, C=8, D=8", (_rand(g, 9, 8), _rand(g, 8, 8), _rand(g, 8, 8), _rand(g, 8, 8))),
+        Case("T=5 tokens, C=12, D=4", (randn(g, 5, 12), randn(g, 12, 4), randn(g, 12, 4), randn(g, 12, 12))),
+        Case("T=9 tokens, C=8, D=8", (randn(g, 9, 8), randn(g, 8, 8), randn(g, 8, 8), randn(g, 8, 8))),
         Case("a batch of 2 sequences, x (2, 6, 12), D=3",
-             (_rand(g, 2, 6, 12), _rand(g, 12, 3), _rand(g, 12, 3), _rand(g, 12, 12))),
+             (randn(g, 2, 6, 12), randn(g, 12, 3), randn(g, 12, 3), randn(g, 12, 12))),
     ]
 
     def scaled_by(width_of, dim=-1):
@@ -88,11 +85,11 @@ def check_hard_lookup(fn) -> CheckResult:
     """Check ``hard_lookup(q (T, D), k (S, D), v (S, Dv)) -> (T, Dv)``: the value of the best key (lesson 02)."""
     g = torch.Generator().manual_seed(4)
     cases = [
-        Case("T=3 queries, S=5 keys, D=4, Dv=2", (_rand(g, 3, 4), _rand(g, 5, 4), _rand(g, 5, 2))),
-        Case("one query, S=8 keys", (_rand(g, 1, 6), _rand(g, 8, 6), _rand(g, 8, 3))),
+        Case("T=3 queries, S=5 keys, D=4, Dv=2", (randn(g, 3, 4), randn(g, 5, 4), randn(g, 5, 2))),
+        Case("one query, S=8 keys", (randn(g, 1, 6), randn(g, 8, 6), randn(g, 8, 3))),
         # keys of very different lengths: the largest dot product is not the nearest key here
         Case("T=6 queries, S=6 keys of different lengths",
-             (_rand(g, 6, 4), _rand(g, 6, 4) * torch.linspace(0.2, 3.0, 6).unsqueeze(1), _rand(g, 6, 3))),
+             (randn(g, 6, 4), randn(g, 6, 4) * torch.linspace(0.2, 3.0, 6).unsqueeze(1), randn(g, 6, 3))),
     ]
     bugs = [
         Bug("your answer picks the nearest key (smallest distance); attention ranks keys by the dot product",

@@ -5,24 +5,21 @@ from __future__ import annotations
 import torch
 
 from helpers.attention import softmax
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, randn
 from helpers.device import peak_memory
 
 __all__ = ["check_log_softmax", "check_softmax_backward", "check_temperature_for_entropy",
            "check_predict_score_std"]
 
 
-def _rand(g, *shape):
-    return torch.randn(*shape, generator=g)
-
 
 def check_log_softmax(fn) -> CheckResult:
     """Check ``log_softmax(x)`` over the last dimension, including logits of +-1e4 (lesson 03)."""
     g = torch.Generator().manual_seed(5)
     cases = [
-        Case("a (3, 5) tensor of small logits", (_rand(g, 3, 5),)),
-        Case("a (2, 4, 6) tensor", (_rand(g, 2, 4, 6),)),
-        Case("logits of size +-1e4 (exp overflows, softmax underflows to 0)", (_rand(g, 4, 7) * 1e4,)),
+        Case("a (3, 5) tensor of small logits", (randn(g, 3, 5),)),
+        Case("a (2, 4, 6) tensor", (randn(g, 2, 4, 6),)),
+        Case("logits of size +-1e4 (exp overflows, softmax underflows to 0)", (randn(g, 4, 7) * 1e4,)),
     ]
     bugs = [
         Bug("log(softmax(x)) is -inf where softmax underflows to 0: compute x - max - log(sum(exp(x - max)))",
@@ -55,10 +52,10 @@ def check_softmax_backward(fn) -> CheckResult:
     """Check ``softmax_backward(p (..., S), grad_p (..., S)) -> (..., S)``, no (S, S) Jacobian (lesson 03)."""
     g = torch.Generator().manual_seed(6)
     cases = [
-        Case("one row of 5 scores", (torch.softmax(_rand(g, 5), dim=-1), _rand(g, 5))),
-        Case("a uniform p of length 4", (torch.full((4,), 0.25), _rand(g, 4))),
-        Case("a one-hot p (a saturated softmax passes no gradient)", (torch.tensor([0.0, 1.0, 0.0]), _rand(g, 3))),
-        Case("a batch of rows (2, 3, 6)", (torch.softmax(_rand(g, 2, 3, 6), dim=-1), _rand(g, 2, 3, 6))),
+        Case("one row of 5 scores", (torch.softmax(randn(g, 5), dim=-1), randn(g, 5))),
+        Case("a uniform p of length 4", (torch.full((4,), 0.25), randn(g, 4))),
+        Case("a one-hot p (a saturated softmax passes no gradient)", (torch.tensor([0.0, 1.0, 0.0]), randn(g, 3))),
+        Case("a batch of rows (2, 3, 6)", (torch.softmax(randn(g, 2, 3, 6), dim=-1), randn(g, 2, 3, 6))),
     ]
     bugs = [
         Bug("your answer is p * grad_p: the term -p (p . grad_p) from -p p^T is missing",
@@ -79,12 +76,12 @@ def _entropy(p):
 def check_temperature_for_entropy(fn) -> CheckResult:
     """Check ``temperature_for_entropy(scores, target) -> tau``: the entropy tau gives is target +- 1e-3 (lesson 03)."""
     g = torch.Generator().manual_seed(7)
-    scores = _rand(g, 8).double() * 3.0
+    scores = randn(g, 8).double() * 3.0
     cases = [
         Case("8 scores, target entropy 1.0 nats", (scores, 1.0)),
         Case("8 scores, target 2.0 (near the uniform log 8 = 2.08: tau is large)", (scores, 2.0)),
         Case("8 scores, target 0.1 (nearly one-hot: tau is small)", (scores, 0.1)),
-        Case("16 scores of size 30, target 1.5", (_rand(g, 16).double() * 30.0, 1.5)),
+        Case("16 scores of size 30, target 1.5", (randn(g, 16).double() * 30.0, 1.5)),
     ]
 
     def entropy_reached(scores, target):

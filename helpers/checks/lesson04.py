@@ -6,14 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, first_output
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, first_output, randn
 
 __all__ = ["check_mha_param_count", "check_split_qkv", "check_grouped_query_attention", "check_pattern_mass",
            "check_predict_head_params"]
 
-
-def _randn(g, *shape):
-    return torch.randn(*shape, generator=g)
 
 
 def mha_param_count_reference(d_model: int, n_heads: int, bias: bool = True) -> int:
@@ -54,8 +51,8 @@ def check_split_qkv(fn) -> CheckResult:
     g = torch.Generator().manual_seed(4)
     cases = []
     for B, T, C, H in [(2, 5, 12, 3), (1, 4, 8, 2), (3, 2, 16, 4)]:
-        cases.append(Case(f"x ({B}, {T}, {C}), {H} heads", (_randn(g, B, T, C), _randn(g, 3 * C, C),
-                                                            _randn(g, 3 * C), H)))
+        cases.append(Case(f"x ({B}, {T}, {C}), {H} heads", (randn(g, B, T, C), randn(g, 3 * C, C),
+                                                            randn(g, 3 * C), H)))
     def no_transpose(x, w, b, h):
         B, T, C = x.shape
         return tuple(t.reshape(B, h, T, C // h) for t in F.linear(x, w, b).split(C, dim=-1))
@@ -80,13 +77,13 @@ def check_grouped_query_attention(fn) -> CheckResult:
     """Check ``grouped_query_attention(q (B,H,T,D), k (B,G,S,D), v (B,G,S,D)) -> (B,H,T,D)`` (lesson 04, ex. 3)."""
     g = torch.Generator().manual_seed(5)
     cases = [
-        Case("H=4 query heads sharing G=2 key/value heads", (_randn(g, 2, 4, 3, 8), _randn(g, 2, 2, 5, 8),
-                                                              _randn(g, 2, 2, 5, 8))),
-        Case("H=6 query heads sharing G=3 key/value heads", (_randn(g, 1, 6, 4, 4), _randn(g, 1, 3, 4, 4),
-                                                              _randn(g, 1, 3, 4, 4))),
-        Case("G=1 (multi-query attention)", (_randn(g, 2, 4, 3, 8), _randn(g, 2, 1, 6, 8), _randn(g, 2, 1, 6, 8))),
-        Case("G=H (plain multi-head attention)", (_randn(g, 1, 2, 3, 4), _randn(g, 1, 2, 3, 4),
-                                                  _randn(g, 1, 2, 3, 4))),
+        Case("H=4 query heads sharing G=2 key/value heads", (randn(g, 2, 4, 3, 8), randn(g, 2, 2, 5, 8),
+                                                              randn(g, 2, 2, 5, 8))),
+        Case("H=6 query heads sharing G=3 key/value heads", (randn(g, 1, 6, 4, 4), randn(g, 1, 3, 4, 4),
+                                                              randn(g, 1, 3, 4, 4))),
+        Case("G=1 (multi-query attention)", (randn(g, 2, 4, 3, 8), randn(g, 2, 1, 6, 8), randn(g, 2, 1, 6, 8))),
+        Case("G=H (plain multi-head attention)", (randn(g, 1, 2, 3, 4), randn(g, 1, 2, 3, 4),
+                                                  randn(g, 1, 2, 3, 4))),
     ]
     def tiled(q, k, v):  # repeat() tiles the groups: head h would use group h % G
         H, G = q.shape[1], k.shape[1]
@@ -108,11 +105,11 @@ def pattern_mass_reference(weights, pattern):
 def check_pattern_mass(fn) -> CheckResult:
     """Check ``pattern_mass(weights (B, H, T, S), pattern (T, S) bool) -> (H,)`` (lesson 04, exercise 4)."""
     g = torch.Generator().manual_seed(6)
-    weights = _randn(g, 3, 2, 6, 6).mul(2).softmax(dim=-1)  # (B, H, T, S)
+    weights = randn(g, 3, 2, 6, 6).mul(2).softmax(dim=-1)  # (B, H, T, S)
     previous = torch.ones(6, 6, dtype=torch.bool).tril(-1).triu(-1)  # s = t - 1; row 0 is empty
     first = torch.zeros(6, 6, dtype=torch.bool)
     first[:, 0] = True
-    cross = _randn(g, 4, 2, 3, 5).softmax(dim=-1)  # (B, H, T, S) with T != S
+    cross = randn(g, 4, 2, 3, 5).softmax(dim=-1)  # (B, H, T, S) with T != S
     two_keys = torch.zeros(3, 5, dtype=torch.bool)
     two_keys[:, [1, 3]] = True
     cases = [
