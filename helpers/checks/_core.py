@@ -293,22 +293,29 @@ def run_check(name: str, learner_fn, reference_fn, cases, atol: float = 1e-5, rt
 
 
 class _Recorder(TorchFunctionMode):
-    """Record the name of every torch function and tensor method called inside the block."""
+    """Record every torch function and tensor method called inside the block, and which got -inf."""
 
     def __init__(self):
         super().__init__()
-        self.names = set()
+        self.names, self.with_minus_inf = set(), set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.add(getattr(func, "__name__", str(func)))
+        name = getattr(func, "__name__", str(func))
+        self.names.add(name)
+        values = list(args) + list((kwargs or {}).values())
+        if any(isinstance(a, float) and a == float("-inf") for a in values):
+            self.with_minus_inf.add(name)
         return func(*args, **(kwargs or {}))
 
 
-def torch_calls(fn, *args, **kwargs) -> set:
-    """The names of the torch functions and tensor methods ``fn(*args, **kwargs)`` calls (lesson 06)."""
+def torch_calls(fn, *args, minus_inf: bool = False, **kwargs) -> set:
+    """Names of the torch functions and tensor methods ``fn(*args, **kwargs)`` calls (lesson 06).
+
+    With ``minus_inf=True``, only those that received the number -inf as an argument.
+    """
     with _Recorder() as recorder:
         fn(*args, **kwargs)
-    return recorder.names
+    return recorder.with_minus_inf if minus_inf else recorder.names
 
 
 def check_prediction(name: str, predicted, measure: Callable[[], float], what: str,

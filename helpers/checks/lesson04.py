@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, first_output, randn
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, first_output, randn, torch_calls
 
 __all__ = ["check_mha_param_count", "check_split_qkv", "check_grouped_query_attention", "check_pattern_mass",
            "check_predict_head_params"]
@@ -35,7 +35,16 @@ def check_mha_param_count(fn) -> CheckResult:
                 lambda d, h, b: h * mha_param_count_reference(d, h, b)),
             Bug("the output projection is missing: there are four C x C matrices (q, k, v, out)",
                 lambda d, h, b: 3 * d * d + (3 * d if b else 0))]
-    return check("mha_param_count", fn, mha_param_count_reference, cases, bugs=bugs)
+
+    def formula_only(fn):  # "from the formula, without building it": no torch call at all
+        used = torch_calls(fn, 64, 4, True)
+        if used:
+            return False, ("the count is right, but your function calls torch (" + ", ".join(
+                sorted(n for n in used if not n.startswith("_"))[:3]) + "): compute it from the formula, without "
+                "building the module")
+        return True, ""
+
+    return check("mha_param_count", fn, mha_param_count_reference, cases, bugs=bugs, then=formula_only)
 
 
 def split_qkv_reference(x, in_proj_weight, in_proj_bias, n_heads):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, torch_calls
 from helpers.masks import causal_mask, padding_mask
 
 __all__ = ["check_causal_mask", "check_padding_mask", "check_masked_attention", "check_mha_masks",
@@ -89,7 +89,17 @@ def check_masked_attention(fn) -> CheckResult:
     """Check ``masked_attention(q, k, v, mask) -> (out, weights)``, True = may attend, no NaN (lesson 05)."""
     bugs = [Bug("polarity flipped: True in the mask must mean 'may attend'",
               lambda q, k, v, mask: scaled_dot_product_attention(q, k, v, ~mask))]
-    return check("masked_attention", fn, scaled_dot_product_attention, _attention_cases(), bugs=bugs)
+
+    def no_minus_inf(fn):  # the exercise asks for way 2: softmax, zero the blocked weights, renormalise
+        case = _attention_cases()[2]
+        used = torch_calls(fn, *case.args, minus_inf=True)
+        if used:
+            return False, (f"the values are right, but your function passes -inf to {', '.join(sorted(used))}: "
+                           "the exercise asks for way 2, without any -inf (zero the blocked weights, renormalise)")
+        return True, ""
+
+    return check("masked_attention", fn, scaled_dot_product_attention, _attention_cases(), bugs=bugs,
+                 then=no_minus_inf)
 
 
 # 4) the same mask in nn.MultiheadAttention's polarity -------------------------------------------

@@ -49,7 +49,15 @@ def check_kept_pairs(fn) -> CheckResult:
             Bug("the closed form w*T - d*w*(w-1)/2 assumes T >= (window-1)*dilation; for shorter T "
                 "count each query's keys, min(window, t // dilation + 1)",
                 lambda T, w, d: w * T - d * w * (w - 1) // 2)]
-    return check("kept_pairs", fn, _kept_pairs, cases, bugs=bugs)
+
+    def no_mask(fn, T=2048):  # "without building the mask": far less memory than one (T, T) bool mask
+        used = peak_memory(fn, T, 8, 3, device="cpu")
+        if used >= T * T // 8:
+            return False, (f"the count is right, but at T={T} your function allocated {used:,} bytes, as much as "
+                           "a (T, T) mask: count each query's keys, min(window, t // dilation + 1), without it")
+        return True, ""
+
+    return check("kept_pairs", fn, _kept_pairs, cases, bugs=bugs, then=no_mask)
 
 
 def _global_window(T, window, n_global):

@@ -154,6 +154,8 @@ def test_more_wrong_answers(accepts, rejects):
             "return an int, got float")
     rejects(check_mha_param_count, lambda c, h, bias=True: 3 * c * c + 3 * c * bias, "output projection is missing")
     rejects(check_mha_param_count, lambda c, h, bias=True: h * (4 * c * c + 4 * c * bias), "depends on n_heads")
+    rejects(check_mha_param_count, lambda c, h, bias=True: sum(p.numel() for p in MultiHeadAttention(c, h, bias=bias)
+                                                                .parameters()), "without building the module")
     accepts(check_split_qkv, split_qkv_reference, "✓ split_qkv: matches the reference on all 3 cases")
     rejects(check_split_qkv, lambda x, w, b, h: split_qkv_reference(x, w, None, h), "the bias is missing")
     rejects(check_split_qkv, lambda x, w, b, h: [t.double() for t in split_qkv_reference(x, w, b, h)],

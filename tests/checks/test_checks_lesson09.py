@@ -14,7 +14,7 @@ from helpers.checks import (
     check_predict_memory_ratio,
 )
 from helpers.masks import causal_mask
-from helpers.scale import sliding_window_mask
+from helpers.scale import dilated_mask, sliding_window_mask
 
 
 def test_kv_cache_bytes(accepts, rejects):
@@ -40,6 +40,7 @@ def test_kept_pairs(accepts, rejects):
     rejects(check_kept_pairs, lambda T, w, d: w * T - w * (w - 1) // 2, "the sliding-window count")
     rejects(check_kept_pairs, lambda T, w, d: torch.tensor(kept_pairs(T, w, d)), "return an int, got Tensor")
     rejects(check_kept_pairs, lambda T, w, d: kept_pairs(T, w, d) / 1, "return an int, got float")
+    rejects(check_kept_pairs, lambda T, w, d: int(dilated_mask(T, w, d).sum()), "as much as a (T, T) mask")
 
 
 def global_window(T, window, n_global):
