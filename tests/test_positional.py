@@ -12,7 +12,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers.checks import check_alibi_bias, check_distance_scores, check_rotate_half, check_shift_matrix
 from helpers.checks.lesson06 import _alibi, _distance_scores, _rotate_half, _shift_matrix
 from helpers.positional import (
     LearnedPositionalEmbedding,
@@ -243,52 +242,3 @@ def test_check_references_match_oracles():
     assert torch.allclose(_rotate_half(x), rope_complex(x[..., perm], torch.arange(9))[..., torch.argsort(perm)],
                           atol=1e-12)
     assert torch.equal(_alibi(3, 2.0), torch.tensor([[0.0, -2, -4], [-2, 0, -2], [-4, -2, 0]]))
-
-
-def test_check_shift_matrix(capsys):
-    assert check_shift_matrix(lambda k, d: shift_oracle(k, d))
-    assert "✓ shift_matrix" in capsys.readouterr().out
-    assert not check_shift_matrix(lambda k, d: None)
-    assert "not implemented yet" in capsys.readouterr().out
-    assert not check_shift_matrix(lambda k, d: shift_oracle(k, d).T)
-    assert "transpose, which shifts by -k" in capsys.readouterr().out
-    assert not check_shift_matrix(lambda k, d: torch.eye(d))
-    assert "✗ shift_matrix: on k=1, d_model=4: values differ" in capsys.readouterr().out
-
-
-def test_check_distance_scores(capsys):
-    assert check_distance_scores(lambda n, d: sinusoidal_encoding(n, d) @ sinusoidal_encoding(n, d).T)
-    assert "✓ distance_scores" in capsys.readouterr().out
-    assert not check_distance_scores(lambda n, d: None)
-    assert "not implemented yet" in capsys.readouterr().out
-
-    def all_frequencies(n, d):  # the typical bug: one frequency per feature instead of per pair
-        w = 10000.0 ** (-torch.arange(d, dtype=torch.float64) / d)
-        p = torch.arange(n, dtype=torch.float64)
-        return torch.cos((p[:, None] - p[None, :])[..., None] * w).sum(-1)
-    assert not check_distance_scores(all_frequencies)
-    assert "d_model / 2 of them" in capsys.readouterr().out
-
-
-def test_check_rotate_half(capsys):
-    assert check_rotate_half(_rotate_half)
-    assert "✓ rotate_half" in capsys.readouterr().out
-    assert not check_rotate_half(lambda x: None)
-    assert "not implemented yet" in capsys.readouterr().out
-    assert not check_rotate_half(apply_rotary)
-    assert "interleaved layout of apply_rotary" in capsys.readouterr().out
-    assert not check_rotate_half(lambda x: _rotate_half(x, sign=-1.0))
-    assert "wrong way" in capsys.readouterr().out
-    assert not check_rotate_half(lambda x: x[..., :1])
-    assert "shape" in capsys.readouterr().out
-
-
-def test_check_alibi_bias(capsys):
-    assert check_alibi_bias(lambda T, s: -s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs().float())
-    assert "✓ alibi_bias" in capsys.readouterr().out
-    assert not check_alibi_bias(lambda T, s: None)
-    assert "not implemented yet" in capsys.readouterr().out
-    assert not check_alibi_bias(lambda T, s: s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs().float())
-    assert "sign is flipped" in capsys.readouterr().out
-    assert not check_alibi_bias(lambda T, s: -s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).float())
-    assert "use the distance |m - n|" in capsys.readouterr().out

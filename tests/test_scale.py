@@ -11,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers.attention import scaled_dot_product_attention
-from helpers.checks import check_global_window_mask, check_kept_pairs, check_kv_cache_bytes, check_local_attention
 from helpers.device import peak_memory
 from helpers.masks import causal_mask
 from helpers.scale import (
@@ -245,67 +244,6 @@ def test_peak_memory_silences_only_the_profiler(capfd):
 def test_peak_memory_rejects_mps():
     with pytest.raises(ValueError, match=r"peak_memory measures 'cpu' and 'cuda' devices, got 'mps'"):
         peak_memory(lambda: None, device="mps")
-
-
-# --- the exercise checks ------------------------------------------------------------------------------
-
-def test_check_kv_cache_bytes(capsys):
-    assert check_kv_cache_bytes(lambda n, B, H, L, D, b: 2 * n * B * H * L * D * b)
-    assert "✓ kv_cache_bytes" in capsys.readouterr().out
-    assert not check_kv_cache_bytes(lambda *a: None)
-    assert "not implemented yet" in capsys.readouterr().out
-    assert not check_kv_cache_bytes(lambda n, B, H, L, D, b: n * B * H * L * D * b)
-    assert "both the keys and the values" in capsys.readouterr().out
-
-
-def test_check_kept_pairs(capsys):
-    assert check_kept_pairs(lambda T, w, d: sum(min(w, t // d + 1) for t in range(T)))
-    assert "✓ kept_pairs" in capsys.readouterr().out
-    assert not check_kept_pairs(lambda T, w, d: None)
-    assert "not implemented yet" in capsys.readouterr().out
-    assert not check_kept_pairs(lambda T, w, d: w * T - d * w * (w - 1) // 2)
-    assert "assumes T >= (window-1)*dilation" in capsys.readouterr().out
-    assert not check_kept_pairs(lambda T, w, d: w * T)
-    assert "fewer than `window`" in capsys.readouterr().out
-
-
-def test_check_global_window_mask(capsys):
-    def right(T, window, n_global):
-        s = torch.arange(T)
-        return sliding_window_mask(T, window) | ((s[None, :] < n_global) & causal_mask(T))
-    assert check_global_window_mask(right)
-    assert "✓ global_window_mask" in capsys.readouterr().out
-    assert not check_global_window_mask(lambda *a: None)
-    assert "not implemented yet" in capsys.readouterr().out
-    assert not check_global_window_mask(lambda T, w, g: ~right(T, w, g))
-    assert "True = may attend" in capsys.readouterr().out
-    assert not check_global_window_mask(lambda T, w, g: sliding_window_mask(T, w))
-    assert "✗ global_window_mask" in capsys.readouterr().out
-
-
-def test_check_local_attention(capsys):
-    def masked_full(q, k, v, window):  # right values, but it builds the whole (T, T) matrix
-        return scaled_dot_product_attention(q, k, v, mask=sliding_window_mask(q.shape[-2], window))[0]
-    assert not check_local_attention(masked_full)
-    assert "at least one full" in capsys.readouterr().out
-    assert not check_local_attention(lambda q, k, v, w: None)
-    assert "not implemented yet" in capsys.readouterr().out
-    assert not check_local_attention(lambda q, k, v, w: scaled_dot_product_attention(q, k, v)[0])
-    assert "values differ" in capsys.readouterr().out
-
-    def chunked(q, k, v, window):
-        B, H, T, D = q.shape
-        out = torch.empty_like(q)
-        for start in range(0, T, window):
-            lo = max(0, start - window + 1)
-            qs, ks, vs = q[:, :, start:start + window], k[:, :, lo:start + window], v[:, :, lo:start + window]
-            t = torch.arange(start, start + qs.shape[2])[:, None]
-            s = torch.arange(lo, lo + ks.shape[2])[None, :]
-            mask = (s <= t) & (t - s < window)
-            out[:, :, start:start + window] = scaled_dot_product_attention(qs, ks, vs, mask=mask)[0]
-        return out
-    assert check_local_attention(chunked)
-    assert "✓ local_attention" in capsys.readouterr().out
 
 
 # --- the benchmarks run (tiny sizes, nothing written) --------------------------------------------------

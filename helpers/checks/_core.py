@@ -1,10 +1,23 @@
-"""The exercise-checker pattern: run the learner's function and the reference on the same cases."""
+"""The one engine behind every exercise check: cases, known bugs with their messages, one printed line.
+
+A check runs the learner's function and the reference on the same cases and prints exactly one
+line: ``✓`` (all cases match), ``…`` (a stub that returns None) or ``✗`` with the first reason.
+On each case it also rejects an answer that modifies its inputs in place, returns something
+other than a tensor of the reference's dtype, or fails on the same inputs laid out
+non-contiguously; when a wrong answer equals a known bug on every case, the bug's message names
+the mistake.
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
 
 
 @dataclass
@@ -16,18 +29,102 @@ class Case:
     kwargs: dict = field(default_factory=dict)
 
 
-def _clone(x):
+@dataclass(frozen=True)
+class Bug:
+    """A typical mistake: ``fn`` reproduces it, ``message`` names it in the check's line."""
+
+    message: str
+    fn: Callable
+
+
+def clone(x):
+    """A deep copy of the tensors in ``x`` (tuples, lists, dicts); other objects are shared (lesson 00)."""
     if isinstance(x, torch.Tensor):
-        return x.clone()
+        return x.detach().clone(memory_format=torch.contiguous_format)
     if isinstance(x, (tuple, list)):
-        return type(x)(_clone(v) for v in x)
+        return type(x)(clone(v) for v in x)
     if isinstance(x, dict):
-        return {k: _clone(v) for k, v in x.items()}
+        return {k: clone(v) for k, v in x.items()}
     return x
 
 
+def randn(generator: torch.Generator, *shape) -> torch.Tensor:
+    """Standard-normal float32 test input of ``shape`` drawn from a check's own generator (lesson 02)."""
+    return torch.randn(*shape, generator=generator)
+
+
+def non_contiguous(x):
+    """The same values as ``x`` with a non-contiguous layout (tensors of 2+ entries) (lesson 00)."""
+    if isinstance(x, torch.Tensor):
+        if x.numel() < 2:
+            return x.clone()
+        if x.dim() >= 2 and x.shape[-1] > 1 and x.shape[-2] > 1:
+            return x.mT.contiguous().mT  # column-major in the last two axes
+        return torch.stack((x, torch.zeros_like(x)), dim=-1)[..., 0]  # every other element of a buffer
+    if isinstance(x, (tuple, list)):
+        return type(x)(non_contiguous(v) for v in x)
+    if isinstance(x, dict):
+        return {k: non_contiguous(v) for k, v in x.items()}
+    return x
+
+
+def first_output(got, expected):
+    """Accept either ``out`` or ``(out, weights)`` from the learner; keep the output (lesson 02)."""
+    return got[0] if isinstance(got, (tuple, list)) else got
+
+
+def _snapshot(args: tuple, kwargs: dict):
+    """Copies of every tensor and every module's state in the arguments, to detect in-place changes."""
+    saved = []
+    for where, value in [(f"argument {i + 1}", a) for i, a in enumerate(args)] + \
+            [(f"argument {k!r}", v) for k, v in kwargs.items()]:
+        if isinstance(value, torch.Tensor):
+            saved.append((where, value, value.detach().clone()))
+        elif isinstance(value, nn.Module):
+            saved.append((where, value, {k: t.detach().clone() for k, t in value.state_dict().items()}))
+    return saved
+
+
+def _modified(saved) -> str | None:
+    for where, value, before in saved:
+        if isinstance(value, torch.Tensor):
+            if value.shape != before.shape or not torch.equal(value.detach().nan_to_num(7.0),
+                                                              before.nan_to_num(7.0)):
+                return (f"your function modified its input ({where}) in place; leave the inputs "
+                        "unchanged (use out-of-place operations, or work on a copy)")
+        else:
+            state = value.state_dict()
+            if any(not torch.equal(state[k], t) for k, t in before.items()):
+                return f"your function changed the parameters of the module passed as {where}; leave them unchanged"
+    return None
+
+
+def _type_reason(got, expected) -> str | None:
+    """Reject numpy arrays, lists, and tensors of another dtype where the reference gives a tensor."""
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(got, (tuple, list)) or len(got) != len(expected):
+            return f"expected a tuple of {len(expected)} results, got {type(got).__name__}"
+        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+            reason = _type_reason(g, e)
+            if reason:
+                return f"result {i}: {reason}"
+        return None
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return f"return a torch.Tensor (dtype {expected.dtype}), got {type(got).__name__}"
+        if got.dtype != expected.dtype:
+            return f"return dtype {expected.dtype}, got {got.dtype}"
+        return None
+    if isinstance(expected, bool):
+        return None if isinstance(got, bool) else f"return True or False, got {type(got).__name__}"
+    if isinstance(expected, numbers.Integral):
+        if isinstance(got, bool) or not isinstance(got, numbers.Integral):
+            return f"return an int, got {type(got).__name__} {got!r}"
+    return None
+
+
 def compare(got, expected, atol: float = 1e-5, rtol: float = 1e-4):
-    """Return None when ``got`` matches ``expected`` (tensors, numbers or tuples), else a reason."""
+    """Return None when ``got`` matches ``expected`` (tensors, numbers or tuples), else a reason (lesson 00)."""
     if isinstance(expected, (tuple, list)):
         if not isinstance(got, (tuple, list)) or len(got) != len(expected):
             return f"expected a tuple of {len(expected)} results, got {type(got).__name__}"
@@ -38,12 +135,10 @@ def compare(got, expected, atol: float = 1e-5, rtol: float = 1e-4):
         return None
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor):
-            try:
-                got = torch.as_tensor(got, dtype=expected.dtype)
-            except (TypeError, ValueError, RuntimeError):
-                return f"expected a tensor, got {type(got).__name__}"
+            return f"expected a tensor, got {type(got).__name__}"
         if tuple(got.shape) != tuple(expected.shape):
             return f"shape {tuple(got.shape)}, but the reference gives {tuple(expected.shape)}"
+        got = got.detach()
         if expected.dtype == torch.bool or not expected.is_floating_point():
             if not torch.equal(got.to(expected.dtype), expected):
                 wrong = (got.to(expected.dtype) != expected).sum().item()
@@ -57,8 +152,13 @@ def compare(got, expected, atol: float = 1e-5, rtol: float = 1e-4):
             return f"values differ from the reference (largest difference {diff:.3g})"
         return None
     if isinstance(expected, float):
-        return None if abs(float(got) - expected) <= atol + rtol * abs(expected) else (
-            f"got {float(got):.6g}, expected {expected:.6g}")
+        try:
+            value = float(got)
+        except (TypeError, ValueError, RuntimeError):
+            return f"expected a number, got {type(got).__name__}"
+        if math.isnan(value) or abs(value - expected) > atol + rtol * abs(expected):
+            return f"got {value:.6g}, expected {expected:.6g}"
+        return None
     return None if got == expected else f"got {got!r}, expected {expected!r}"
 
 
@@ -78,32 +178,165 @@ class CheckResult:
         pass  # the check already printed its one line
 
 
-def run_check(name: str, learner_fn, reference_fn, cases, atol: float = 1e-5,
-              rtol: float = 1e-4, adapt=None) -> CheckResult:
-    """Run ``learner_fn`` and ``reference_fn`` on every case; print one line; truthy if all match.
+class _Stop(Exception):
+    """The one line a check prints, raised from deep inside so that nothing else is printed."""
 
-    ``adapt(got, expected)`` may reshape the learner's answer first (e.g. keep only the output).
-    """
-    if not callable(learner_fn):
-        print(f"✗ {name}: expected a function, got {type(learner_fn).__name__}")
-        return CheckResult(False)
+
+def _call(fn, args, kwargs, where):
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        return None
+    except Exception as err:  # the learner's bug is the message, not a crash of the check
+        raise _Stop(f"✗ on {where}, your function raised {type(err).__name__}: {err}") from None
+
+
+def _known_bug(fn, cases, bugs, atol, rtol, adapt) -> str | None:
+    """The message of the first bug that reproduces the learner's answer on every case, if any."""
+    answers = []
     for case in cases:
         try:
-            got = learner_fn(*_clone(case.args), **_clone(case.kwargs))
-        except NotImplementedError:
-            got = None
-        except Exception as err:  # the learner's bug is the message, not a crash of the check
-            print(f"✗ {name}: on {case.name}, your function raised {type(err).__name__}: {err}")
-            return CheckResult(False)
-        if got is None:
-            print(f"… {name}: not implemented yet (your function returned None)")
-            return CheckResult(False)
-        expected = reference_fn(*_clone(case.args), **_clone(case.kwargs))
+            got = fn(*clone(case.args), **clone(case.kwargs))
+        except Exception:  # an answer that crashes somewhere is no known bug
+            return None
+        answers.append(got)
+    for bug in bugs:
+        try:
+            for case, got in zip(cases, answers, strict=True):
+                wrong = bug.fn(*clone(case.args), **clone(case.kwargs))
+                if adapt is not None:
+                    got = adapt(got, wrong)
+                if compare(got, wrong, atol, rtol) is not None:
+                    break
+            else:
+                return bug.message
+        except Exception:  # a bug that does not apply to these inputs
+            continue
+    return None
+
+
+def _run_case(name, fn, reference_fn, case, cases, bugs, atol, rtol, adapt, strict_types, layouts, validate):
+    args, kwargs = clone(case.args), clone(case.kwargs)
+    saved = _snapshot(args, kwargs)
+    got = _call(fn, args, kwargs, case.name)
+    if got is None:
+        raise _Stop(f"… {name}: not implemented yet (your function returned None)")
+    modified = _modified(saved)
+    if modified:
+        raise _Stop(f"✗ {name}: on {case.name}: {modified}")
+    expected = reference_fn(*clone(case.args), **clone(case.kwargs))
+    if adapt is not None:
+        got = adapt(got, expected)
+        if isinstance(got, str) and not isinstance(expected, str):
+            raise _Stop(f"✗ {name}: on {case.name}: {got}")
+    reason = _type_reason(got, expected) if strict_types else None
+    if reason is None:
+        reason = compare(got, expected, atol, rtol)
+        if reason is not None:
+            reason = _known_bug(fn, cases, bugs, atol, rtol, adapt) or reason
+    if reason is None and validate is not None:
+        reason = validate(got, case)
+    if reason is not None:
+        raise _Stop(f"✗ {name}: on {case.name}: {reason}")
+    tensors = [a for a in list(case.args) + list(case.kwargs.values()) if isinstance(a, torch.Tensor)]
+    if layouts and any(a.numel() > 1 for a in tensors):
+        where = f"{case.name}, with non-contiguous input tensors (e.g. transposed views)"
+        other = _call(fn, non_contiguous(clone(case.args)), non_contiguous(clone(case.kwargs)), where)
+        if other is None:
+            raise _Stop(f"✗ {name}: on {where}: your function returned None")
         if adapt is not None:
-            got = adapt(got, expected)
-        reason = compare(got, expected, atol=atol, rtol=rtol)
-        if reason:
-            print(f"✗ {name}: on {case.name}: {reason}")
-            return CheckResult(False)
-    print(f"✓ {name}: matches the reference on all {len(cases)} cases")
+            other = adapt(other, expected)
+        reason = compare(other, expected, atol, rtol)
+        if reason is not None:
+            raise _Stop(f"✗ {name}: on {where}: {reason}")
+
+
+def check(name: str, fn, reference_fn, cases, *, bugs=(), atol: float = 1e-5, rtol: float = 1e-4,
+          adapt=None, strict_types: bool = True, layouts: bool = True, validate=None,
+          then=None) -> CheckResult:
+    """Run ``fn`` and ``reference_fn`` on every case; print exactly one line; truthy if all match (lesson 00).
+
+    ``bugs``: known mistakes (``Bug``), whose message replaces the generic reason when the answer
+    equals one of them on every case. ``adapt(got, expected)`` may reshape the learner's
+    answer first (or return a string, the reason to reject it). ``strict_types``: a tensor of the
+    reference's dtype, an int where it gives an int. ``layouts``: also run every case with
+    non-contiguous tensors. ``validate(got, case)`` may return an extra reason; ``then(fn)``,
+    run once all cases pass, returns ``(ok, text)``: the reason of failure, or what follows the
+    success line.
+    """
+    if not callable(fn):
+        print(f"✗ {name}: expected a function, got {type(fn).__name__}")
+        return CheckResult(False)
+    try:
+        for case in cases:
+            _run_case(name, fn, reference_fn, case, cases, bugs, atol, rtol, adapt, strict_types, layouts, validate)
+        line = f"✓ {name}: matches the reference on all {len(cases)} cases"
+        if then is not None:
+            ok, text = then(fn)
+            if not ok:
+                raise _Stop(f"✗ {name}: {text}")
+            line += text
+    except _Stop as stop:
+        line = str(stop)
+        if line.startswith("✗ on "):
+            line = f"✗ {name}: " + line[2:]
+        print(line)
+        return CheckResult(False)
+    print(line)
     return CheckResult(True)
+
+
+def run_check(name: str, learner_fn, reference_fn, cases, atol: float = 1e-5, rtol: float = 1e-4,
+              adapt=None) -> CheckResult:
+    """``check`` without known bugs (kept for existing callers) (lesson 00)."""
+    return check(name, learner_fn, reference_fn, cases, atol=atol, rtol=rtol, adapt=adapt)
+
+
+class _Recorder(TorchFunctionMode):
+    """Record every torch function and tensor method called inside the block, and which got -inf."""
+
+    def __init__(self):
+        super().__init__()
+        self.names, self.with_minus_inf = set(), set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        self.names.add(name)
+        values = list(args) + list((kwargs or {}).values())
+        if any(isinstance(a, float) and a == float("-inf") for a in values):
+            self.with_minus_inf.add(name)
+        return func(*args, **(kwargs or {}))
+
+
+def torch_calls(fn, *args, minus_inf: bool = False, **kwargs) -> set:
+    """Names of the torch functions and tensor methods ``fn(*args, **kwargs)`` calls (lesson 06).
+
+    With ``minus_inf=True``, only those that received the number -inf as an argument.
+    """
+    with _Recorder() as recorder:
+        fn(*args, **kwargs)
+    return recorder.with_minus_inf if minus_inf else recorder.names
+
+
+def check_prediction(name: str, predicted, measure: Callable[[], float], what: str,
+                     rel_tol: float = 0.0, abs_tol: float = 0.0) -> CheckResult:
+    """Compare a number the learner wrote down before running with a measurement; print one line (lesson 01).
+
+    ``measure()`` makes the measurement; the prediction is right when it lies within
+    ``max(abs_tol, rel_tol * |measured|)`` of it.
+    """
+    if predicted is None or predicted is ...:
+        print(f"… {name}: write your prediction first (a number in place of None)")
+        return CheckResult(False)
+    if isinstance(predicted, bool) or not isinstance(predicted, numbers.Real) or not math.isfinite(predicted):
+        print(f"✗ {name}: the prediction must be a finite number, got {predicted!r}")
+        return CheckResult(False)
+    measured = float(measure())
+    margin = max(abs_tol, rel_tol * abs(measured))
+    if abs(predicted - measured) <= margin:
+        print(f"✓ {name}: you predicted {predicted:.4g}; the measured {what} is {measured:.4g} "
+              f"(within {margin:.2g})")
+        return CheckResult(True)
+    print(f"✗ {name}: you predicted {predicted:.4g}; the measured {what} is {measured:.4g}, "
+          f"more than {margin:.2g} away: find the step of your reasoning that differs")
+    return CheckResult(False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from helpers.attention import scaled_dot_product_attention, softmax
-from helpers.checks._core import Case, CheckResult, run_check
+from helpers.checks._core import Bug, Case, CheckResult, check, first_output
 
 __all__ = ["check_softmax", "check_attention"]
 
@@ -19,13 +19,11 @@ def check_softmax(fn) -> CheckResult:
         Case("logits of size +-1e4 (naive exp overflows)", (torch.randn(4, 7, generator=g) * 1e4,)),
         Case("a row of equal logits", (torch.full((1, 5), 3.0),)),
     ]
-    return run_check("softmax", fn, lambda x: softmax(x, dim=-1), cases)
-
-
-def _first(got, expected):
-    """Accept either `out` or `(out, weights)` from the learner; compare the output."""
-    out = got[0] if isinstance(got, (tuple, list)) else got
-    return out
+    bugs = [Bug("exp overflows for large logits: subtract the row max before exp",
+                lambda x: torch.exp(x) / torch.exp(x).sum(dim=-1, keepdim=True)),
+            Bug("your softmax runs over the first dimension: normalise over the last one (dim=-1)",
+                lambda x: torch.softmax(x, dim=0))]
+    return check("softmax", fn, lambda x: softmax(x, dim=-1), cases, bugs=bugs)
 
 
 def check_attention(fn) -> CheckResult:
@@ -41,5 +39,9 @@ def check_attention(fn) -> CheckResult:
         Case("values wider than keys (Dv=6, D=4)", (r(2, 3, 4), r(2, 5, 4), r(2, 5, 6))),
         Case("batched heads (B=2, H=3, T=4, D=16)", (r(2, 3, 4, 16), r(2, 3, 4, 16), r(2, 3, 4, 16))),
     ]
-    return run_check("attention", fn, lambda q, k, v: scaled_dot_product_attention(q, k, v)[0],
-                     cases, adapt=_first)
+    bugs = [Bug("your answer has no 1/sqrt(D) scaling of the scores",
+                lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v),
+            Bug("your softmax runs over the queries (dim -2): each query's row of weights must sum to 1",
+                lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-2) @ v)]
+    return check("attention", fn, lambda q, k, v: scaled_dot_product_attention(q, k, v)[0],
+                 cases, bugs=bugs, adapt=first_output)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
-from helpers.checks._core import Case, CheckResult, run_check
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction
 
 __all__ = ["check_additive_scores", "check_attention_read", "check_input_gradient_norms",
-           "check_alignment_accuracy"]
+           "check_alignment_accuracy", "check_predict_vanishing"]
 
 
 def _additive_scores(s, h, W, U, b, v):
@@ -30,7 +32,11 @@ def check_additive_scores(fn) -> CheckResult:
         Case("large inputs, where tanh saturates near +-1",
              (r(2, 3, scale=5), r(2, 4, 3, scale=5), r(5, 3), r(5, 3), r(5), r(5))),
     ]
-    return run_check("additive_scores", fn, _additive_scores, cases)
+    bugs = [Bug("the tanh is missing: the score is v^T tanh(W s + U h_j + b)",
+                lambda s, h, W, U, b, v: ((s @ W.T)[:, None, :] + h @ U.T + b) @ v),
+            Bug("W and U are used untransposed: W has shape (A, Dq), so W s is s @ W.T",
+                lambda s, h, W, U, b, v: torch.tanh((s @ W)[:, None, :] + h @ U + b) @ v)]
+    return check("additive_scores", fn, _additive_scores, cases, bugs=bugs)
 
 
 def _attention_read(scores, h, mask):
@@ -41,17 +47,21 @@ def _attention_read(scores, h, mask):
 def check_attention_read(fn) -> CheckResult:
     """Check ``attention_read(scores (B, S), h (B, S, E), mask (B, S)) -> (context (B, E), weights)`` (lesson 01)."""
     g = torch.Generator().manual_seed(1)
-    full = torch.ones(2, 4, dtype=torch.bool)
+    full = torch.ones(1, 4, dtype=torch.bool)
     padded = torch.tensor([[True] * 5, [True, True, True, False, False]])
     cases = [
-        Case("B=2, S=4, no padding (mask all True)",
-             (torch.randn(2, 4, generator=g), torch.randn(2, 4, 3, generator=g), full)),
+        Case("B=1, S=4, no padding (mask all True; a batch of one)",
+             (torch.randn(1, 4, generator=g), torch.randn(1, 4, 3, generator=g), full)),
         Case("row 1 has 2 padded positions (mask False there: they must get weight 0)",
              (torch.randn(2, 5, generator=g), torch.randn(2, 5, 3, generator=g), padded)),
         Case("scores of size 1e3 with padding (a naive exp overflows)",
              (torch.randn(2, 5, generator=g) * 1e3, torch.randn(2, 5, 3, generator=g), padded)),
     ]
-    return run_check("attention_read", fn, _attention_read, cases)
+    bugs = [Bug("the padded positions still get weight: set their scores to -inf before the softmax",
+                lambda s, h, m: _attention_read(s, h, torch.ones_like(m))),
+            Bug("the mask's polarity is flipped: True means a real position that may be read",
+                lambda s, h, m: _attention_read(s, h, ~m))]
+    return check("attention_read", fn, _attention_read, cases, bugs=bugs)
 
 
 def _input_gradient_norms(rnn, x):
@@ -78,7 +88,15 @@ def check_input_gradient_norms(fn) -> CheckResult:
         got = fn(rnn, x)
         return got.detach() if isinstance(got, torch.Tensor) else got
 
-    return run_check("input_gradient_norms", learner, _input_gradient_norms, cases, atol=1e-9, rtol=1e-4)
+    def all_states(rnn, x):
+        x = x.detach().clone().requires_grad_(True)
+        rnn(x[None])[0].sum().backward()
+        return x.grad.norm(dim=-1)
+
+    bugs = [Bug("the loss must read only the last state out[:, -1]; yours sums every state",
+                all_states)]
+    return check("input_gradient_norms", learner, _input_gradient_norms, cases, bugs=bugs, atol=1e-9,
+                 rtol=1e-4)
 
 
 def _alignment_accuracy(weights, lengths):
@@ -102,5 +120,35 @@ def check_alignment_accuracy(fn) -> CheckResult:
         Case("lengths [2, 3] with rows for padded outputs that must be ignored",
              (noisy, torch.tensor([2, 3]))),
     ]
-    return run_check("alignment_accuracy", lambda w, n: None if (a := fn(w, n)) is None else float(a),
-                     _alignment_accuracy, cases)
+
+    def as_float(got, expected):
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            return float(got)
+        return float(got) if isinstance(got, (int, float)) and not isinstance(got, bool) else \
+            f"return a number (a fraction between 0 and 1), got {type(got).__name__}"
+
+    def per_batch_mean(w, n):  # the mean of the per-sequence accuracies, not the fraction of all outputs
+        return sum(_alignment_accuracy(w[b:b + 1], n[b:b + 1]) for b in range(len(n))) / len(n)
+
+    bugs = [Bug("that is the mean of the sequences' accuracies; count the hits over all real outputs "
+                "together (longer sequences weigh more)", per_batch_mean)]
+    return check("alignment_accuracy", fn, _alignment_accuracy, cases, bugs=bugs, adapt=as_float)
+
+
+def _vanishing_ratio() -> float:
+    """log10 of |d loss / d x_1| / |d loss / d x_20| for an untrained tanh RNN of spectral radius 0.5."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        rnn = nn.RNN(4, 16, batch_first=True)
+    with torch.no_grad():
+        w = rnn.weight_hh_l0
+        w.mul_(0.5 / torch.linalg.eigvals(w).abs().max())  # spectral radius 0.5
+    x = torch.randn(20, 4, generator=torch.Generator().manual_seed(1))
+    norms = _input_gradient_norms(rnn, x)  # (20,)
+    return math.log10(norms[0].item() / norms[-1].item())
+
+
+def check_predict_vanishing(predicted) -> CheckResult:
+    """Predict then measure: log10 |grad x_1| / |grad x_20| of a radius-0.5 tanh RNN (lesson 01)."""
+    return check_prediction("predict_vanishing", predicted, _vanishing_ratio,
+                            "log10(|grad x_1| / |grad x_20|)", abs_tol=1.5)

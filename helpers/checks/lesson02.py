@@ -2,60 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 
 import torch
 
 from helpers.attention import scaled_dot_product_attention
-from helpers.checks._core import Case, CheckResult, compare, run_check
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, randn
 
-__all__ = ["check_one_query", "check_self_attention", "check_hard_lookup"]
+__all__ = ["check_one_query", "check_self_attention", "check_hard_lookup", "check_predict_sharpness"]
 
-
-def _copy(args: tuple) -> tuple:
-    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
-
-
-def _matching_hint(fn, cases, hints, adapt) -> str | None:
-    """The first hint whose buggy function gives exactly the learner's answer on every case."""
-    for hint, buggy in hints:
-        try:
-            for case in cases:
-                got = fn(*_copy(case.args), **case.kwargs)
-                wrong = buggy(*_copy(case.args), **case.kwargs)
-                if adapt is not None:
-                    got = adapt(got, wrong)
-                if got is None or compare(got, wrong) is not None:
-                    break
-            else:
-                return hint
-        except Exception:  # a hint that does not apply to this answer: try the next one
-            continue
-    return None
-
-
-def run_check_with_hints(name, fn, reference_fn, cases, hints, **kwargs) -> CheckResult:
-    """Like ``run_check``, and when it fails, name the typical mistake that reproduces the answer (lesson 02).
-
-    ``hints`` is a list of ``(message, buggy_fn)``: if the learner's function agrees with
-    ``buggy_fn`` on every case, ``message`` is appended to the single line the check prints.
-    """
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        result = run_check(name, fn, reference_fn, cases, **kwargs)
-    line = buffer.getvalue().rstrip("\n")
-    if not result and line.startswith("✗"):
-        hint = _matching_hint(fn, cases, hints, kwargs.get("adapt"))
-        if hint:
-            line += f". Hint: {hint}"
-    print(line)
-    return result
-
-
-def _rand(g, *shape):
-    return torch.randn(*shape, generator=g)
 
 
 # --- exercise 1: one query --------------------------------------------------------------------
@@ -69,19 +24,19 @@ def check_one_query(fn) -> CheckResult:
     """Check ``one_query(q (D,), k (S, D), v (S, Dv)) -> (Dv,)``, attention for a single query (lesson 02)."""
     g = torch.Generator().manual_seed(2)
     cases = [
-        Case("a single key (S=1): the output must be v[0]", (_rand(g, 4), _rand(g, 1, 4), _rand(g, 1, 3))),
-        Case("D=4, S=5 keys, Dv=3", (_rand(g, 4), _rand(g, 5, 4), _rand(g, 5, 3))),
-        Case("D=16, S=9 keys, Dv=16", (_rand(g, 16), _rand(g, 9, 16), _rand(g, 9, 16))),
+        Case("a single key (S=1): the output must be v[0]", (randn(g, 4), randn(g, 1, 4), randn(g, 1, 3))),
+        Case("D=4, S=5 keys, Dv=3", (randn(g, 4), randn(g, 5, 4), randn(g, 5, 3))),
+        Case("D=16, S=9 keys, Dv=16", (randn(g, 16), randn(g, 9, 16), randn(g, 9, 16))),
     ]
-    hints = [
-        ("your answer matches softmax(k q) v without the scaling: divide the scores by sqrt(D)",
+    bugs = [
+        Bug("your answer matches softmax(k q) v without the scaling: divide the scores by sqrt(D)",
          lambda q, k, v: torch.softmax(k @ q, dim=-1) @ v),
-        ("your answer matches the plain mean of the values: the weights must come from the scores",
+        Bug("your answer matches the plain mean of the values: the weights must come from the scores",
          lambda q, k, v: v.mean(dim=0)),
-        ("your answer matches (k q / sqrt(D)) v: the scores need a softmax to become weights",
+        Bug("your answer matches (k q / sqrt(D)) v: the scores need a softmax to become weights",
          lambda q, k, v: (k @ q / math.sqrt(q.shape[-1])) @ v),
     ]
-    return run_check_with_hints("one_query", fn, _one_query, cases, hints)
+    return check("one_query", fn, _one_query, cases, bugs=bugs)
 
 
 # --- exercise 3: self-attention with projections ------------------------------------------------
@@ -94,10 +49,10 @@ def check_self_attention(fn) -> CheckResult:
     """Check ``self_attention(x (T, C), w_q (C, D), w_k (C, D), w_v (C, C)) -> (out, weights)`` (lesson 02)."""
     g = torch.Generator().manual_seed(3)
     cases = [
-        Case("T=5 tokens, C=12, D=4", (_rand(g, 5, 12), _rand(g, 12, 4), _rand(g, 12, 4), _rand(g, 12, 12))),
-        Case("T=9 tokens, C=8, D=8", (_rand(g, 9, 8), _rand(g, 8, 8), _rand(g, 8, 8), _rand(g, 8, 8))),
+        Case("T=5 tokens, C=12, D=4", (randn(g, 5, 12), randn(g, 12, 4), randn(g, 12, 4), randn(g, 12, 12))),
+        Case("T=9 tokens, C=8, D=8", (randn(g, 9, 8), randn(g, 8, 8), randn(g, 8, 8), randn(g, 8, 8))),
         Case("a batch of 2 sequences, x (2, 6, 12), D=3",
-             (_rand(g, 2, 6, 12), _rand(g, 12, 3), _rand(g, 12, 3), _rand(g, 12, 12))),
+             (randn(g, 2, 6, 12), randn(g, 12, 3), randn(g, 12, 3), randn(g, 12, 12))),
     ]
 
     def scaled_by(width_of, dim=-1):
@@ -107,16 +62,16 @@ def check_self_attention(fn) -> CheckResult:
             return weights @ (x @ w_v), weights
         return buggy
 
-    hints = [
-        ("your answer uses x itself as the values: the values are x @ w_v",
+    bugs = [
+        Bug("your answer uses x itself as the values: the values are x @ w_v",
          lambda x, w_q, w_k, w_v: scaled_dot_product_attention(x @ w_q, x @ w_k, x)),
-        ("your answer divides by sqrt(C), the width of x: the scaling uses D, the width of the queries",
+        Bug("your answer divides by sqrt(C), the width of x: the scaling uses D, the width of the queries",
          scaled_by(lambda x, w: x.shape[-1])),
-        ("your answer has no 1/sqrt(D) scaling", scaled_by(lambda x, w: 1.0)),
-        ("your softmax runs over the queries (dim -2): each query's row of weights must sum to 1",
+        Bug("your answer has no 1/sqrt(D) scaling", scaled_by(lambda x, w: 1.0)),
+        Bug("your softmax runs over the queries (dim -2): each query's row of weights must sum to 1",
          scaled_by(lambda x, w: w.shape[-1], dim=-2)),
     ]
-    return run_check_with_hints("self_attention", fn, _self_attention, cases, hints)
+    return check("self_attention", fn, _self_attention, cases, bugs=bugs)
 
 
 # --- exercise 4: the hard lookup, the limit of attention ----------------------------------------
@@ -130,18 +85,37 @@ def check_hard_lookup(fn) -> CheckResult:
     """Check ``hard_lookup(q (T, D), k (S, D), v (S, Dv)) -> (T, Dv)``: the value of the best key (lesson 02)."""
     g = torch.Generator().manual_seed(4)
     cases = [
-        Case("T=3 queries, S=5 keys, D=4, Dv=2", (_rand(g, 3, 4), _rand(g, 5, 4), _rand(g, 5, 2))),
-        Case("one query, S=8 keys", (_rand(g, 1, 6), _rand(g, 8, 6), _rand(g, 8, 3))),
+        Case("T=3 queries, S=5 keys, D=4, Dv=2", (randn(g, 3, 4), randn(g, 5, 4), randn(g, 5, 2))),
+        Case("one query, S=8 keys", (randn(g, 1, 6), randn(g, 8, 6), randn(g, 8, 3))),
         # keys of very different lengths: the largest dot product is not the nearest key here
         Case("T=6 queries, S=6 keys of different lengths",
-             (_rand(g, 6, 4), _rand(g, 6, 4) * torch.linspace(0.2, 3.0, 6).unsqueeze(1), _rand(g, 6, 3))),
+             (randn(g, 6, 4), randn(g, 6, 4) * torch.linspace(0.2, 3.0, 6).unsqueeze(1), randn(g, 6, 3))),
     ]
-    hints = [
-        ("your answer picks the nearest key (smallest distance); attention ranks keys by the dot product",
+    bugs = [
+        Bug("your answer picks the nearest key (smallest distance); attention ranks keys by the dot product",
          lambda q, k, v: v[torch.cdist(q, k).argmin(dim=-1)]),
-        ("your answer takes the argmax over the queries (dim 0): each query picks among the keys",
+        Bug("your answer takes the argmax over the queries (dim 0): each query picks among the keys",
          lambda q, k, v: v[(q @ k.T).argmax(dim=0)]),
-        ("your answer is soft attention: take the single best key, not a weighted mix",
+        Bug("your answer is soft attention: take the single best key, not a weighted mix",
          lambda q, k, v: scaled_dot_product_attention(q, k, v)[0]),
     ]
-    return run_check_with_hints("hard_lookup", fn, _hard_lookup, cases, hints)
+    return check("hard_lookup", fn, _hard_lookup, cases, bugs=bugs)
+
+
+# --- predict, then run: how much weight does a margin of 2 buy? ----------------------------------
+
+def _weight_on_best_key() -> float:
+    """The weight one query gives its best key when that key scores 2 more than each of 7 others."""
+    D = 4
+    q = torch.zeros(1, D)
+    q[0, 0] = math.sqrt(D)  # (1, D): the scaled score of key s is k[s, 0]
+    k = torch.zeros(8, D)
+    k[3, 0] = 2.0  # (S, D): key 3 scores 2, the seven others 0
+    _, weights = scaled_dot_product_attention(q, k, torch.randn(8, 2, generator=torch.Generator().manual_seed(0)))
+    return weights[0, 3].item()
+
+
+def check_predict_sharpness(predicted) -> CheckResult:
+    """Predict then measure: the weight on the best of 8 keys whose scaled score leads the 7 others by 2 (lesson 02)."""
+    return check_prediction("predict_sharpness", predicted, _weight_on_best_key,
+                            "weight on the best key", abs_tol=0.05)

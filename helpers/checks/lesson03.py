@@ -5,31 +5,29 @@ from __future__ import annotations
 import torch
 
 from helpers.attention import softmax
-from helpers.checks._core import Case, CheckResult, run_check
-from helpers.checks.lesson02 import run_check_with_hints
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, randn
+from helpers.device import peak_memory
 
-__all__ = ["check_log_softmax", "check_softmax_backward", "check_temperature_for_entropy"]
+__all__ = ["check_log_softmax", "check_softmax_backward", "check_temperature_for_entropy",
+           "check_predict_score_std"]
 
-
-def _rand(g, *shape):
-    return torch.randn(*shape, generator=g)
 
 
 def check_log_softmax(fn) -> CheckResult:
     """Check ``log_softmax(x)`` over the last dimension, including logits of +-1e4 (lesson 03)."""
     g = torch.Generator().manual_seed(5)
     cases = [
-        Case("a (3, 5) tensor of small logits", (_rand(g, 3, 5),)),
-        Case("a (2, 4, 6) tensor", (_rand(g, 2, 4, 6),)),
-        Case("logits of size +-1e4 (exp overflows, softmax underflows to 0)", (_rand(g, 4, 7) * 1e4,)),
+        Case("a (3, 5) tensor of small logits", (randn(g, 3, 5),)),
+        Case("a (2, 4, 6) tensor", (randn(g, 2, 4, 6),)),
+        Case("logits of size +-1e4 (exp overflows, softmax underflows to 0)", (randn(g, 4, 7) * 1e4,)),
     ]
-    hints = [
-        ("log(softmax(x)) is -inf where softmax underflows to 0: compute x - max - log(sum(exp(x - max)))",
-         lambda x: torch.log(torch.softmax(x, dim=-1))),
-        ("exp(x) overflows for large logits: subtract the row max before exp",
-         lambda x: x - torch.log(torch.exp(x).sum(dim=-1, keepdim=True))),
+    bugs = [
+        Bug("log(softmax(x)) is -inf where softmax underflows to 0: compute x - max - log(sum(exp(x - max)))",
+            lambda x: torch.log(torch.softmax(x, dim=-1))),
+        Bug("exp(x) overflows for large logits: subtract the row max before exp",
+            lambda x: x - torch.log(torch.exp(x).sum(dim=-1, keepdim=True))),
     ]
-    return run_check_with_hints("log_softmax", fn, lambda x: torch.log_softmax(x, dim=-1), cases, hints)
+    return check("log_softmax", fn, lambda x: torch.log_softmax(x, dim=-1), cases, bugs=bugs)
 
 
 def _softmax_backward(p, grad_p):
@@ -37,25 +35,38 @@ def _softmax_backward(p, grad_p):
     return p * (grad_p - (p * grad_p).sum(dim=-1, keepdim=True))  # (..., S)
 
 
+def _no_jacobian(fn, S: int = 2048):
+    """Run fn on one row of S scores: it must allocate far less than one (S, S) Jacobian."""
+    g = torch.Generator().manual_seed(8)
+    p, grad_p = torch.softmax(torch.randn(S, generator=g), dim=-1), torch.randn(S, generator=g)
+    used = peak_memory(fn, p, grad_p, device="cpu")
+    jacobian = S * S * p.element_size()
+    if used >= jacobian // 4:
+        return False, (f"the values are right, but on one row of S={S} scores it allocated {used:,} bytes, "
+                       f"a quarter or more of the (S, S) Jacobian ({jacobian:,} bytes): use "
+                       "p * (grad_p - (p * grad_p).sum(-1, keepdim=True)) without building it")
+    return True, ""
+
+
 def check_softmax_backward(fn) -> CheckResult:
-    """Check ``softmax_backward(p (..., S), grad_p (..., S)) -> grad_scores (..., S)`` (lesson 03)."""
+    """Check ``softmax_backward(p (..., S), grad_p (..., S)) -> (..., S)``, no (S, S) Jacobian (lesson 03)."""
     g = torch.Generator().manual_seed(6)
     cases = [
-        Case("one row of 5 scores", (torch.softmax(_rand(g, 5), dim=-1), _rand(g, 5))),
-        Case("a uniform p of length 4", (torch.full((4,), 0.25), _rand(g, 4))),
-        Case("a one-hot p (a saturated softmax passes no gradient)", (torch.tensor([0.0, 1.0, 0.0]), _rand(g, 3))),
-        Case("a batch of rows (2, 3, 6)", (torch.softmax(_rand(g, 2, 3, 6), dim=-1), _rand(g, 2, 3, 6))),
+        Case("one row of 5 scores", (torch.softmax(randn(g, 5), dim=-1), randn(g, 5))),
+        Case("a uniform p of length 4", (torch.full((4,), 0.25), randn(g, 4))),
+        Case("a one-hot p (a saturated softmax passes no gradient)", (torch.tensor([0.0, 1.0, 0.0]), randn(g, 3))),
+        Case("a batch of rows (2, 3, 6)", (torch.softmax(randn(g, 2, 3, 6), dim=-1), randn(g, 2, 3, 6))),
     ]
-    hints = [
-        ("your answer is p * grad_p: the term -p (p . grad_p) from -p p^T is missing",
-         lambda p, gp: p * gp),
-        ("your answer subtracts the plain mean of grad_p: subtract the p-weighted sum (p . grad_p)",
-         lambda p, gp: p * (gp - gp.mean(dim=-1, keepdim=True))),
-        ("your answer lacks the factor p: the result is p * (grad_p - (p . grad_p))",
-         lambda p, gp: gp - (p * gp).sum(dim=-1, keepdim=True)),
-        ("your answer has the opposite sign", lambda p, gp: -_softmax_backward(p, gp)),
+    bugs = [
+        Bug("your answer is p * grad_p: the term -p (p . grad_p) from -p p^T is missing",
+            lambda p, gp: p * gp),
+        Bug("your answer subtracts the plain mean of grad_p: subtract the p-weighted sum (p . grad_p)",
+            lambda p, gp: p * (gp - gp.mean(dim=-1, keepdim=True))),
+        Bug("your answer lacks the factor p: the result is p * (grad_p - (p . grad_p))",
+            lambda p, gp: gp - (p * gp).sum(dim=-1, keepdim=True)),
+        Bug("your answer has the opposite sign", lambda p, gp: -_softmax_backward(p, gp)),
     ]
-    return run_check_with_hints("softmax_backward", fn, _softmax_backward, cases, hints)
+    return check("softmax_backward", fn, _softmax_backward, cases, bugs=bugs, then=_no_jacobian)
 
 
 def _entropy(p):
@@ -65,22 +76,37 @@ def _entropy(p):
 def check_temperature_for_entropy(fn) -> CheckResult:
     """Check ``temperature_for_entropy(scores, target) -> tau``: the entropy tau gives is target +- 1e-3 (lesson 03)."""
     g = torch.Generator().manual_seed(7)
-    scores = _rand(g, 8).double() * 3.0
+    scores = randn(g, 8).double() * 3.0
     cases = [
         Case("8 scores, target entropy 1.0 nats", (scores, 1.0)),
         Case("8 scores, target 2.0 (near the uniform log 8 = 2.08: tau is large)", (scores, 2.0)),
         Case("8 scores, target 0.1 (nearly one-hot: tau is small)", (scores, 0.1)),
-        Case("16 scores of size 30, target 1.5", (_rand(g, 16).double() * 30.0, 1.5)),
+        Case("16 scores of size 30, target 1.5", (randn(g, 16).double() * 30.0, 1.5)),
     ]
 
     def entropy_reached(scores, target):
         tau = fn(scores, target)
         if tau is None:
             return None
-        tau = float(tau)
+        if isinstance(tau, torch.Tensor) and tau.numel() == 1:
+            tau = tau.item()
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)):
+            raise TypeError(f"return the temperature as a number, got {type(tau).__name__}")
         if not tau > 0.0:
             raise ValueError(f"a temperature must be positive, got tau = {tau}")
         return float(_entropy(softmax(scores / tau)))
 
-    return run_check("temperature_for_entropy", entropy_reached, lambda scores, target: float(target),
-                     cases, atol=1e-3, rtol=0.0)
+    return check("temperature_for_entropy", entropy_reached, lambda scores, target: float(target),
+                 cases, atol=1e-3, rtol=0.0)
+
+
+def _score_std(D: int = 64) -> float:
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(20000, D, generator=g), torch.randn(20000, D, generator=g)  # unit-variance entries
+    return (q * k).sum(dim=-1).std().item()  # the unscaled score q . k of 20000 pairs
+
+
+def check_predict_score_std(predicted) -> CheckResult:
+    """Predict then measure: the standard deviation of q . k for random unit-variance q, k of width 64 (lesson 03)."""
+    return check_prediction("predict_score_std", predicted, _score_std,
+                            "standard deviation of q . k at D=64", rel_tol=0.1)

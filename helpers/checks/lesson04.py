@@ -5,14 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from helpers.attention import scaled_dot_product_attention
-from helpers.checks._core import Case, CheckResult, run_check
+from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, first_output, randn, torch_calls
 
-__all__ = ["check_mha_param_count", "check_split_qkv", "check_grouped_query_attention", "check_pattern_mass"]
+__all__ = ["check_mha_param_count", "check_split_qkv", "check_grouped_query_attention", "check_pattern_mass",
+           "check_predict_head_params"]
 
-
-def _randn(g, *shape):
-    return torch.randn(*shape, generator=g)
 
 
 def mha_param_count_reference(d_model: int, n_heads: int, bias: bool = True) -> int:
@@ -29,11 +27,24 @@ def check_mha_param_count(fn) -> CheckResult:
         Case("d_model=64, n_heads=1, bias=False", (64, 1, False)),
     ]
 
-    def as_int(*args):
-        got = fn(*args)
-        return None if got is None else int(got)
+    bugs = [Bug("the biases are counted although bias=False: add the 4 * d_model biases only when bias=True",
+                lambda d, h, b: 4 * d * d + 4 * d),
+            Bug("the biases are missing: with bias=True each of the four projections has d_model of them",
+                lambda d, h, b: 4 * d * d),
+            Bug("the count depends on n_heads: H heads of width D = C / H share the same C x C projections",
+                lambda d, h, b: h * mha_param_count_reference(d, h, b)),
+            Bug("the output projection is missing: there are four C x C matrices (q, k, v, out)",
+                lambda d, h, b: 3 * d * d + (3 * d if b else 0))]
 
-    return run_check("mha_param_count", as_int, mha_param_count_reference, cases)
+    def formula_only(fn):  # "from the formula, without building it": no torch call at all
+        used = torch_calls(fn, 64, 4, True)
+        if used:
+            return False, ("the count is right, but your function calls torch (" + ", ".join(
+                sorted(n for n in used if not n.startswith("_"))[:3]) + "): compute it from the formula, without "
+                "building the module")
+        return True, ""
+
+    return check("mha_param_count", fn, mha_param_count_reference, cases, bugs=bugs, then=formula_only)
 
 
 def split_qkv_reference(x, in_proj_weight, in_proj_bias, n_heads):
@@ -49,9 +60,18 @@ def check_split_qkv(fn) -> CheckResult:
     g = torch.Generator().manual_seed(4)
     cases = []
     for B, T, C, H in [(2, 5, 12, 3), (1, 4, 8, 2), (3, 2, 16, 4)]:
-        cases.append(Case(f"x ({B}, {T}, {C}), {H} heads", (_randn(g, B, T, C), _randn(g, 3 * C, C),
-                                                            _randn(g, 3 * C), H)))
-    return run_check("split_qkv", fn, split_qkv_reference, cases)
+        cases.append(Case(f"x ({B}, {T}, {C}), {H} heads", (randn(g, B, T, C), randn(g, 3 * C, C),
+                                                            randn(g, 3 * C), H)))
+    def no_transpose(x, w, b, h):
+        B, T, C = x.shape
+        return tuple(t.reshape(B, h, T, C // h) for t in F.linear(x, w, b).split(C, dim=-1))
+
+    bugs = [Bug("q, k, v must be split off the last axis first ((B, T, 3C) -> 3 x (B, T, C)), then "
+                "viewed as (B, T, H, D) and transposed; reshaping straight to (B, H, T, D) mixes tokens",
+                no_transpose),
+            Bug("the bias is missing: project with F.linear(x, in_proj_weight, in_proj_bias)",
+                lambda x, w, b, h: split_qkv_reference(x, w, None, h))]
+    return check("split_qkv", fn, split_qkv_reference, cases, bugs=bugs)
 
 
 def grouped_query_attention_reference(q, k, v):
@@ -62,25 +82,26 @@ def grouped_query_attention_reference(q, k, v):
     return scaled_dot_product_attention(q, k, v)[0]  # (B, H, T, D)
 
 
-def _output_only(got, expected):
-    """Accept either `out` or `(out, weights)` from the learner; compare the output."""
-    return got[0] if isinstance(got, (tuple, list)) else got
-
-
 def check_grouped_query_attention(fn) -> CheckResult:
     """Check ``grouped_query_attention(q (B,H,T,D), k (B,G,S,D), v (B,G,S,D)) -> (B,H,T,D)`` (lesson 04, ex. 3)."""
     g = torch.Generator().manual_seed(5)
     cases = [
-        Case("H=4 query heads sharing G=2 key/value heads", (_randn(g, 2, 4, 3, 8), _randn(g, 2, 2, 5, 8),
-                                                              _randn(g, 2, 2, 5, 8))),
-        Case("H=6 query heads sharing G=3 key/value heads", (_randn(g, 1, 6, 4, 4), _randn(g, 1, 3, 4, 4),
-                                                              _randn(g, 1, 3, 4, 4))),
-        Case("G=1 (multi-query attention)", (_randn(g, 2, 4, 3, 8), _randn(g, 2, 1, 6, 8), _randn(g, 2, 1, 6, 8))),
-        Case("G=H (plain multi-head attention)", (_randn(g, 1, 2, 3, 4), _randn(g, 1, 2, 3, 4),
-                                                  _randn(g, 1, 2, 3, 4))),
+        Case("H=4 query heads sharing G=2 key/value heads", (randn(g, 2, 4, 3, 8), randn(g, 2, 2, 5, 8),
+                                                              randn(g, 2, 2, 5, 8))),
+        Case("H=6 query heads sharing G=3 key/value heads", (randn(g, 1, 6, 4, 4), randn(g, 1, 3, 4, 4),
+                                                              randn(g, 1, 3, 4, 4))),
+        Case("G=1 (multi-query attention)", (randn(g, 2, 4, 3, 8), randn(g, 2, 1, 6, 8), randn(g, 2, 1, 6, 8))),
+        Case("G=H (plain multi-head attention)", (randn(g, 1, 2, 3, 4), randn(g, 1, 2, 3, 4),
+                                                  randn(g, 1, 2, 3, 4))),
     ]
-    return run_check("grouped_query_attention", fn, grouped_query_attention_reference, cases,
-                     adapt=_output_only)
+    def tiled(q, k, v):  # repeat() tiles the groups: head h would use group h % G
+        H, G = q.shape[1], k.shape[1]
+        return scaled_dot_product_attention(q, k.repeat(1, H // G, 1, 1), v.repeat(1, H // G, 1, 1))[0]
+
+    bugs = [Bug("heads are matched to groups as h % G (repeat): query head h uses group h // (H / G), "
+                "so consecutive heads share a group (repeat_interleave)", tiled)]
+    return check("grouped_query_attention", fn, grouped_query_attention_reference, cases, bugs=bugs,
+                 adapt=first_output)
 
 
 def pattern_mass_reference(weights, pattern):
@@ -93,11 +114,11 @@ def pattern_mass_reference(weights, pattern):
 def check_pattern_mass(fn) -> CheckResult:
     """Check ``pattern_mass(weights (B, H, T, S), pattern (T, S) bool) -> (H,)`` (lesson 04, exercise 4)."""
     g = torch.Generator().manual_seed(6)
-    weights = _randn(g, 3, 2, 6, 6).mul(2).softmax(dim=-1)  # (B, H, T, S)
+    weights = randn(g, 3, 2, 6, 6).mul(2).softmax(dim=-1)  # (B, H, T, S)
     previous = torch.ones(6, 6, dtype=torch.bool).tril(-1).triu(-1)  # s = t - 1; row 0 is empty
     first = torch.zeros(6, 6, dtype=torch.bool)
     first[:, 0] = True
-    cross = _randn(g, 4, 2, 3, 5).softmax(dim=-1)  # (B, H, T, S) with T != S
+    cross = randn(g, 4, 2, 3, 5).softmax(dim=-1)  # (B, H, T, S) with T != S
     two_keys = torch.zeros(3, 5, dtype=torch.bool)
     two_keys[:, [1, 3]] = True
     cases = [
@@ -105,4 +126,20 @@ def check_pattern_mass(fn) -> CheckResult:
         Case("pattern 'previous key' (row 0 has no True and must be left out)", (weights, previous)),
         Case("cross-attention weights (B=4, H=2, T=3, S=5), pattern 'keys 1 and 3'", (cross, two_keys)),
     ]
-    return run_check("pattern_mass", fn, pattern_mass_reference, cases)
+    bugs = [Bug("rows where the pattern has no True must be left out of the mean, not counted as 0",
+                lambda w, p: (w * p).sum(dim=-1).mean(dim=(0, 2))),
+            Bug("the mean runs over the heads: return one number per head, averaged over batch and queries",
+                lambda w, p: (w * p).sum(dim=-1)[..., p.any(dim=-1)].mean(dim=(1, 2)))]
+    return check("pattern_mass", fn, pattern_mass_reference, cases, bugs=bugs)
+
+
+def _head_params_difference() -> float:
+    def count(n_heads):
+        return sum(p.numel() for p in MultiHeadAttention(64, n_heads).parameters())
+    return float(count(8) - count(1))
+
+
+def check_predict_head_params(predicted) -> CheckResult:
+    """Predict then measure: how many more parameters MultiHeadAttention(64, 8) has than (64, 1) (lesson 04)."""
+    return check_prediction("predict_head_params", predicted, _head_params_difference,
+                            "difference in parameters", abs_tol=0.5)

@@ -5,40 +5,11 @@ from __future__ import annotations
 import torch
 
 from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
-from helpers.checks._core import Case, CheckResult, _clone, compare, run_check
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, torch_calls
 from helpers.masks import causal_mask, padding_mask
 
 __all__ = ["check_causal_mask", "check_padding_mask", "check_masked_attention", "check_mha_masks",
-           "check_leaks_future"]
-
-
-def _run_with_hints(name, fn, reference, cases, hints=(), want_bool=False, **kwargs) -> CheckResult:
-    """``run_check``, but a wrong answer that matches a known bug is named (lesson 05).
-
-    ``hints`` holds (message, buggy_reference) pairs; ``want_bool`` insists on a torch.bool mask.
-    """
-    if callable(fn):
-        for case in cases:
-            try:
-                got = fn(*_clone(case.args), **_clone(case.kwargs))
-            except Exception:  # run_check below reports the error in its own words
-                break
-            if got is None:
-                break
-            got_masks = got if isinstance(got, (tuple, list)) else (got,)
-            if want_bool and any(isinstance(m, torch.Tensor) and m.dtype != torch.bool for m in got_masks):
-                dtypes = ", ".join(str(m.dtype) for m in got_masks if isinstance(m, torch.Tensor))
-                print(f"✗ {name}: on {case.name}: return a boolean mask (dtype torch.bool), got {dtypes}")
-                return CheckResult(False)
-            expected = reference(*_clone(case.args), **_clone(case.kwargs))
-            if compare(got, expected, **kwargs) is None:
-                continue
-            for message, bug in hints:
-                if compare(got, bug(*_clone(case.args), **_clone(case.kwargs)), **kwargs) is None:
-                    print(f"✗ {name}: on {case.name}: {message}")
-                    return CheckResult(False)
-            break  # a wrong answer no hint explains: run_check names the first difference
-    return run_check(name, fn, reference, cases, **kwargs)
+           "check_leaks_future", "check_predict_causal_fraction"]
 
 
 # 1) a causal mask for T new queries at the end of S keys (a KV cache) ----------------------------
@@ -53,17 +24,17 @@ def check_causal_mask(fn) -> CheckResult:
              Case("T=3, S=7 (3 new queries after 4 cached keys)", (3, 7)),
              Case("T=1, S=6 (one new query sees every key)", (1, 6)),
              Case("T=1, S=1", (1, 1))]
-    hints = [
-        ("polarity flipped: True must mean 'may attend' (this is nn.MultiheadAttention's blocked mask)",
+    bugs = [
+        Bug("polarity flipped: True must mean 'may attend' (this is nn.MultiheadAttention's blocked mask)",
          lambda T, S: ~_causal(T, S)),
-        ("aligned top-left (like torch's is_causal=True): the queries are the LAST T positions, so "
+        Bug("aligned top-left (like torch's is_causal=True): the queries are the LAST T positions, so "
          "the last query must see all S keys", lambda T, S: torch.ones(T, S, dtype=torch.bool).tril()),
-        ("True above the diagonal: query t would see the future and not the past",
+        Bug("True above the diagonal: query t would see the future and not the past",
          lambda T, S: torch.ones(T, S, dtype=torch.bool).triu(diagonal=S - T)),
-        ("the diagonal is missing: a query may attend to its own position",
+        Bug("the diagonal is missing: a query may attend to its own position",
          lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T - 1)),
     ]
-    return _run_with_hints("causal_mask", fn, _causal, cases, hints, want_bool=True)
+    return check("causal_mask", fn, _causal, cases, bugs=bugs)
 
 
 # 2) a padding mask from token ids ---------------------------------------------------------------
@@ -80,15 +51,15 @@ def check_padding_mask(fn) -> CheckResult:
     cases = [Case("right-padded ids (3, 6), pad_id=0", (right, 0)),
              Case("left-padded ids (2, 6), pad_id=0", (left, 0)),
              Case("ids (2, 5) with pad_id=2", (odd, 2))]
-    hints = [
-        ("polarity flipped: True must mean 'a real token, may attend', False 'padding'",
+    bugs = [
+        Bug("polarity flipped: True must mean 'a real token, may attend', False 'padding'",
          lambda ids, pad_id: ~_from_ids(ids, pad_id)),
-        ("shape (B, S): add two axes, (B, 1, 1, S), so that it broadcasts over heads and queries",
+        Bug("shape (B, S): add two axes, (B, 1, 1, S), so that it broadcasts over heads and queries",
          lambda ids, pad_id: ids != pad_id),
-        ("shape (B, 1, S, 1) masks queries, not keys: put the S axis last, (B, 1, 1, S)",
+        Bug("shape (B, 1, S, 1) masks queries, not keys: put the S axis last, (B, 1, 1, S)",
          lambda ids, pad_id: (ids != pad_id)[:, None, :, None]),
     ]
-    return _run_with_hints("padding_mask", fn, _from_ids, cases, hints, want_bool=True)
+    return check("padding_mask", fn, _from_ids, cases, bugs=bugs)
 
 
 # 3) masked attention that never gives NaN -------------------------------------------------------
@@ -116,10 +87,19 @@ def _attention_cases():
 
 def check_masked_attention(fn) -> CheckResult:
     """Check ``masked_attention(q, k, v, mask) -> (out, weights)``, True = may attend, no NaN (lesson 05)."""
-    hints = [("polarity flipped: True in the mask must mean 'may attend'",
+    bugs = [Bug("polarity flipped: True in the mask must mean 'may attend'",
               lambda q, k, v, mask: scaled_dot_product_attention(q, k, v, ~mask))]
-    return _run_with_hints("masked_attention", fn, scaled_dot_product_attention, _attention_cases(),
-                           hints)
+
+    def no_minus_inf(fn):  # the exercise asks for way 2: softmax, zero the blocked weights, renormalise
+        case = _attention_cases()[2]
+        used = torch_calls(fn, *case.args, minus_inf=True)
+        if used:
+            return False, (f"the values are right, but your function passes -inf to {', '.join(sorted(used))}: "
+                           "the exercise asks for way 2, without any -inf (zero the blocked weights, renormalise)")
+        return True, ""
+
+    return check("masked_attention", fn, scaled_dot_product_attention, _attention_cases(), bugs=bugs,
+                 then=no_minus_inf)
 
 
 # 4) the same mask in nn.MultiheadAttention's polarity -------------------------------------------
@@ -133,15 +113,15 @@ def check_mha_masks(fn) -> CheckResult:
     for nn.MultiheadAttention, where True = blocked (lesson 05)."""
     cases = [Case("T=4, lengths [4, 2]", (causal_mask(4), padding_mask([4, 2], 4))),
              Case("T=3, lengths [1, 3, 2]", (causal_mask(3), padding_mask([1, 3, 2], 3)))]
-    hints = [
-        ("the masks still have the course's polarity: nn.MultiheadAttention reads True as 'blocked'",
+    bugs = [
+        Bug("the masks still have the course's polarity: nn.MultiheadAttention reads True as 'blocked'",
          lambda c, p: (c, p[:, 0, 0, :])),
-        ("attn_mask is right, key_padding_mask still has the course's polarity (True = may attend)",
+        Bug("attn_mask is right, key_padding_mask still has the course's polarity (True = may attend)",
          lambda c, p: (~c, p[:, 0, 0, :])),
-        ("key_padding_mask is right, attn_mask still has the course's polarity (True = may attend)",
+        Bug("key_padding_mask is right, attn_mask still has the course's polarity (True = may attend)",
          lambda c, p: (c, ~p[:, 0, 0, :])),
     ]
-    return _run_with_hints("mha_masks", fn, _to_torch, cases, hints, want_bool=True)
+    return check("mha_masks", fn, _to_torch, cases, bugs=bugs)
 
 
 # 5) a leak detector -----------------------------------------------------------------------------
@@ -168,9 +148,9 @@ def _leak_cases():
     def attend(mask):
         return lambda x: mha(x, x, x, mask=mask)[0]
 
-    def last_reads_far_future(x):  # only output T-2 reads input T-1
+    def one_early_leak(x):  # only output 1 reads input 3: a detector must perturb more than the last input
         out = x.clone()
-        out[:, -2] = out[:, -2] + x[:, -1]
+        out[:, 1] = out[:, 1] + x[:, 3]
         return out
 
     def running_mean(x):
@@ -181,18 +161,36 @@ def _leak_cases():
             Case("f = running mean over positions <= t (no leak)", (running_mean, x)),
             Case("f = every position adds the LAST input (leaks from far ahead)",
                  (lambda x: x + x[:, -1:], x)),
-            Case("f = only output T-2 reads input T-1 (a leak at one position)", (last_reads_far_future, x)),
+            Case("f = only output 1 reads input 3 (a leak through one early position)", (one_early_leak, x)),
             Case("f = attention with the transposed causal mask (leaks)", (attend(causal_mask(T).T), x))]
 
 
 def check_leaks_future(fn) -> CheckResult:
     """Check ``leaks_future(f, x (B, T, C)) -> bool``: does output t depend on inputs after t? (lesson 05)."""
-    return run_check("leaks_future", fn, _leaks, _leak_cases(), adapt=_as_bool)
+    def last_input_only(f, x):  # perturbs only the last input, so it misses leaks from earlier ones
+        changed = x.clone()
+        changed[:, -1] = changed[:, -1] + 1.0
+        return not torch.allclose(f(changed)[:, :-1], f(x)[:, :-1], atol=1e-6)
+
+    bugs = [Bug("your detector misses a leak from an input before the last one: for every t, change "
+                "all inputs after t and compare outputs 0..t", last_input_only)]
+    return check("leaks_future", fn, _leaks, _leak_cases(), bugs=bugs, adapt=_as_bool)
 
 
 def _as_bool(got, expected):
-    """Accept True/False, a one-element tensor or numpy bool; name anything else."""
-    try:
+    """Accept True/False, a one-element bool tensor or numpy bool; name anything else."""
+    if isinstance(got, torch.Tensor) and got.numel() == 1 and got.dtype == torch.bool:
         return bool(got)
-    except (RuntimeError, ValueError, TypeError):
-        return f"a {type(got).__name__} that is not a single True/False"
+    if isinstance(got, bool) or type(got).__name__ == "bool_":
+        return bool(got)
+    return f"return True or False, got {type(got).__name__} {got!r}"
+
+
+def _causal_fraction() -> float:
+    return causal_mask(100).float().mean().item()
+
+
+def check_predict_causal_fraction(predicted) -> CheckResult:
+    """Predict then measure: the fraction of (query, key) pairs a causal mask keeps at T=100 (lesson 05)."""
+    return check_prediction("predict_causal_fraction", predicted, _causal_fraction,
+                            "fraction of pairs kept", abs_tol=0.02)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from helpers.checks._core import Case, CheckResult, _clone, compare, run_check
-from helpers.positional import apply_rotary
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, torch_calls
+from helpers.positional import apply_rotary, sinusoidal_encoding
 
-__all__ = ["check_shift_matrix", "check_distance_scores", "check_rotate_half", "check_alibi_bias"]
+__all__ = ["check_shift_matrix", "check_distance_scores", "check_rotate_half", "check_alibi_bias",
+           "check_predict_self_dot"]
 
 
 def _omega(d_model: int) -> torch.Tensor:
@@ -44,44 +45,32 @@ def _alibi(T, slope):
     return -slope * (pos[:, None] - pos[None, :]).abs()  # (T, S)
 
 
-def _run_with_hints(name, fn, reference_fn, cases, hints, atol=1e-5, rtol=1e-4) -> CheckResult:
-    """Like run_check, but a first wrong answer that equals a known mistake gets that mistake's name."""
-    if callable(fn):
-        for case in cases:
-            try:
-                got = fn(*_clone(case.args), **_clone(case.kwargs))
-            except Exception:  # run_check reports crashes and stubs
-                break
-            if got is None:
-                break
-            if compare(got, reference_fn(*case.args, **case.kwargs), atol, rtol) is None:
-                continue
-            for wrong_fn, why in hints:
-                if compare(got, wrong_fn(*case.args, **case.kwargs), atol, rtol) is None:
-                    print(f"✗ {name}: on {case.name}: {why}")
-                    return CheckResult(False)
-            break
-    return run_check(name, fn, reference_fn, cases, atol=atol, rtol=rtol)
-
-
 def check_shift_matrix(fn) -> CheckResult:
     """Check ``shift_matrix(k, d_model) -> (C, C)`` with PE[pos + k] = M @ PE[pos] (lesson 06)."""
     cases = [Case("k=1, d_model=4", (1, 4)), Case("k=5, d_model=16", (5, 16)),
              Case("k=0, d_model=8 (the identity)", (0, 8)), Case("k=-3, d_model=8 (a shift back)", (-3, 8))]
-    hints = [(lambda k, d: _shift_matrix(k, d).T,
-              "this is the transpose, which shifts by -k; row 2i must give sin(a + b) = sin a cos b + cos a sin b")]
-    return _run_with_hints("shift_matrix", fn, _shift_matrix, cases, hints)
+    bugs = [Bug("this is the transpose, which shifts by -k; row 2i must give sin(a + b) = sin a cos b + cos a sin b",
+              lambda k, d: _shift_matrix(k, d).T)]
+    return check("shift_matrix", fn, _shift_matrix, cases, bugs=bugs)
 
 
 def check_distance_scores(fn) -> CheckResult:
     """Check ``distance_scores(length, d_model) -> (T, S)`` = PE(p) . PE(q) from the closed form (lesson 06)."""
     cases = [Case("length=6, d_model=4", (6, 4)), Case("length=20, d_model=16", (20, 16)),
              Case("length=50, d_model=64", (50, 64))]
-    hints = [(lambda n, d: _distance_scores(n, d, n_freq=d),
-              "you summed d_model cosines; there is one frequency per (sin, cos) pair, so d_model / 2 of them"),
-             (lambda n, d: 2 * _distance_scores(n, d),
-              "twice the reference: each pair contributes one cosine, cos((p - q) w_i), not two")]
-    return _run_with_hints("distance_scores", fn, _distance_scores, cases, hints, atol=1e-4)
+    bugs = [Bug("you summed d_model cosines; there is one frequency per (sin, cos) pair, so d_model / 2 of them",
+              lambda n, d: _distance_scores(n, d, n_freq=d)),
+             Bug("twice the reference: each pair contributes one cosine, cos((p - q) w_i), not two",
+              lambda n, d: 2 * _distance_scores(n, d))]
+
+    def closed_form_only(fn):  # the encoding needs sines; the closed form sum_i cos((p - q) w_i) does not
+        used = torch_calls(fn, 20, 16) & {"sin", "sin_", "sinusoidal_encoding"}
+        if used:
+            return False, ("the values are right, but your function computes sines, so it builds the encoding; "
+                           "use only the closed form sum_i cos((p - q) w_i)")
+        return True, ""
+
+    return check("distance_scores", fn, _distance_scores, cases, bugs=bugs, atol=1e-4, then=closed_form_only)
 
 
 def check_rotate_half(fn) -> CheckResult:
@@ -90,18 +79,29 @@ def check_rotate_half(fn) -> CheckResult:
     cases = [Case("x of shape (5, 4)", (torch.randn(5, 4, generator=g),)),
              Case("x of shape (2, 3, 7, 8) (B, H, T, D)", (torch.randn(2, 3, 7, 8, generator=g),)),
              Case("x of shape (40, 16)", (torch.randn(40, 16, generator=g),))]
-    hints = [(apply_rotary,
-              "that is the interleaved layout of apply_rotary; here feature i pairs with feature i + D/2"),
-             (lambda x: _rotate_half(x, sign=-1.0),
-              "your rotation goes the wrong way (angle -m*theta): the first half gets x1 cos - x2 sin")]
-    return _run_with_hints("rotate_half", fn, _rotate_half, cases, hints)
+    bugs = [Bug("that is the interleaved layout of apply_rotary; here feature i pairs with feature i + D/2",
+              apply_rotary),
+             Bug("your rotation goes the wrong way (angle -m*theta): the first half gets x1 cos - x2 sin",
+              lambda x: _rotate_half(x, sign=-1.0))]
+    return check("rotate_half", fn, _rotate_half, cases, bugs=bugs)
 
 
 def check_alibi_bias(fn) -> CheckResult:
     """Check ``alibi_bias(T, slope) -> (T, S)`` with bias[m, n] = -slope * |m - n| (lesson 06)."""
     cases = [Case("T=4, slope=1.0", (4, 1.0)), Case("T=9, slope=0.25", (9, 0.25)), Case("T=1, slope=0.5", (1, 0.5))]
-    hints = [(lambda T, s: -_alibi(T, s),
-              "the sign is flipped: far keys must be penalised, so the bias is <= 0 and largest (0) on the diagonal"),
-             (lambda T, s: -s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).float(),
-              "use the distance |m - n|: without abs() keys to the right get a bonus instead of a penalty")]
-    return _run_with_hints("alibi_bias", fn, _alibi, cases, hints)
+    bugs = [Bug("the sign is flipped: far keys must be penalised, so the bias is <= 0 and largest (0) on the diagonal",
+              lambda T, s: -_alibi(T, s)),
+             Bug("use the distance |m - n|: without abs() keys to the right get a bonus instead of a penalty",
+              lambda T, s: -s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).float())]
+    return check("alibi_bias", fn, _alibi, cases, bugs=bugs)
+
+
+def _self_dot(d_model: int = 64, position: int = 37) -> float:
+    pe = sinusoidal_encoding(position + 1, d_model)[position].double()  # (C,)
+    return float(pe @ pe)
+
+
+def check_predict_self_dot(predicted) -> CheckResult:
+    """Predict then measure: PE(37) . PE(37), the squared length of one position's encoding, d_model=64 (lesson 06)."""
+    return check_prediction("predict_self_dot", predicted, _self_dot, "PE(37) . PE(37) at d_model=64",
+                            abs_tol=0.5)

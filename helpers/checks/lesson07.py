@@ -8,37 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.checks._core import Case, CheckResult, _clone, compare, run_check
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction
 
-__all__ = ["check_rms_norm", "check_feed_forward_gelu", "check_deepnorm_sublayer", "check_transformer_params"]
-
-
-def _known_bug(name, fn, cases, bugs) -> bool:
-    """Print a pointed hint and return True when ``fn`` reproduces one of the typical ``bugs`` on every case."""
-    for description, bug_fn in bugs.items():
-        try:
-            hits = all(
-                compare(fn(*_clone(c.args), **_clone(c.kwargs)), bug_fn(*_clone(c.args), **_clone(c.kwargs))) is None
-                for c in cases)
-        except Exception:  # the learner's own error is reported by run_check
-            return False
-        if hits:
-            print(f"✗ {name}: {description}")
-            return True
-    return False
-
-
-def _hinted(name, fn, reference, cases, bugs, **kwargs) -> CheckResult:
-    if callable(fn) and _probe(fn, cases[0]) is not None and _known_bug(name, fn, cases, bugs):
-        return CheckResult(False)
-    return run_check(name, fn, reference, cases, **kwargs)
-
-
-def _probe(fn, case):
-    try:
-        return fn(*_clone(case.args), **_clone(case.kwargs))
-    except Exception:
-        return None
+__all__ = ["check_rms_norm", "check_feed_forward_gelu", "check_deepnorm_sublayer", "check_transformer_params",
+           "check_predict_ffn_share"]
 
 
 # --- 1. RMSNorm ------------------------------------------------------------------------------------
@@ -55,15 +28,17 @@ def check_rms_norm(fn) -> CheckResult:
     cases = [Case("x (2, 5, 8) with gain 1", (x, torch.ones(8))),
              Case("x (2, 5, 8) with a random gain", (x, torch.randn(8, generator=g))),
              Case("x (3, 16) with eps=0.5", (torch.randn(3, 16, generator=g), torch.ones(16)), {"eps": 0.5})]
-    bugs = {
-        "you subtract the mean: that is LayerNorm; RMSNorm only divides by the root mean square":
+    bugs = [
+        Bug("you subtract the mean: that is LayerNorm; RMSNorm only divides by the root mean square",
         lambda x, gain, eps=1e-6: gain * (x - x.mean(-1, keepdim=True))
-        / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + eps),
-        "you average over the wrong axis: the root mean square is taken over the last axis "
-        "(the C features of one token)": lambda x, gain, eps=1e-6: gain * x / torch.sqrt(
-            x.pow(2).mean(0, keepdim=True) + eps),
-    }
-    return _hinted("rms_norm", fn, _rms_norm, cases, bugs)
+        / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + eps)),
+        Bug("you average over the wrong axis: the root mean square is taken over the last axis "
+            "(the C features of one token)", lambda x, gain, eps=1e-6: gain * x / torch.sqrt(
+                x.pow(2).mean(0, keepdim=True) + eps)),
+        Bug("eps goes inside the square root, sqrt(mean(x^2) + eps), not added to the root",
+            lambda x, gain, eps=1e-6: gain * x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps)),
+    ]
+    return check("rms_norm", fn, _rms_norm, cases, bugs=bugs)
 
 
 # --- 2. a feed-forward network with GELU ---------------------------------------------------------
@@ -82,15 +57,15 @@ def check_feed_forward_gelu(fn) -> CheckResult:
                            torch.randn(C, generator=g)))
 
     cases = [case("x (2, 3, 4), d_ff 8", 2, 3, 4, 8), case("x (1, 6, 8), d_ff 32", 1, 6, 8, 32)]
-    bugs = {"you used ReLU; the exercise asks for GELU (F.gelu)":
-            lambda x, w1, b1, w2, b2: F.relu(x @ w1.T + b1) @ w2.T + b2,
-            "the activation is missing: without it the two linear layers collapse into one linear map":
-            lambda x, w1, b1, w2, b2: (x @ w1.T + b1) @ w2.T + b2,
-            "the GELU is applied after the second layer; it belongs between the two layers":
-            lambda x, w1, b1, w2, b2: F.gelu((x @ w1.T + b1) @ w2.T + b2),
-            "you used the tanh approximation of GELU; use the exact one, F.gelu(h) (approximate='none')":
-            lambda x, w1, b1, w2, b2: F.gelu(x @ w1.T + b1, approximate="tanh") @ w2.T + b2}
-    return _hinted("feed_forward_gelu", fn, _feed_forward_gelu, cases, bugs)
+    bugs = [Bug("you used ReLU; the exercise asks for GELU (F.gelu)",
+            lambda x, w1, b1, w2, b2: F.relu(x @ w1.T + b1) @ w2.T + b2),
+            Bug("the activation is missing: without it the two linear layers collapse into one linear map",
+            lambda x, w1, b1, w2, b2: (x @ w1.T + b1) @ w2.T + b2),
+            Bug("the GELU is applied after the second layer; it belongs between the two layers",
+            lambda x, w1, b1, w2, b2: F.gelu((x @ w1.T + b1) @ w2.T + b2)),
+            Bug("you used the tanh approximation of GELU; use the exact one, F.gelu(h) (approximate='none')",
+            lambda x, w1, b1, w2, b2: F.gelu(x @ w1.T + b1, approximate="tanh") @ w2.T + b2)]
+    return check("feed_forward_gelu", fn, _feed_forward_gelu, cases, bugs=bugs)
 
 
 # --- 3. a DeepNorm sub-layer ---------------------------------------------------------------------
@@ -112,14 +87,15 @@ def check_deepnorm_sublayer(fn) -> CheckResult:
     cases = [Case("x (2, 4, 6), a linear sub-layer, alpha 2", (torch.randn(2, 4, 6, generator=g), linear, norm, 2.0)),
              Case("x (1, 3, 6), tanh as the sub-layer, alpha 3.5",
                   (torch.randn(1, 3, 6, generator=g) + 1, torch.tanh, norm, 3.5))]
-    bugs = {"alpha scales the sub-layer's output; DeepNorm up-weights the residual x: norm(alpha * x + sublayer(x))":
-            lambda x, sublayer, norm, alpha: norm(x + alpha * sublayer(x)),
-            "alpha is ignored: this is plain Post-LN, norm(x + sublayer(x))":
-            lambda x, sublayer, norm, alpha: norm(x + sublayer(x)),
-            "the LayerNorm is inside the branch (Pre-LN style); DeepNorm is Post-LN: norm after the sum":
-            lambda x, sublayer, norm, alpha: alpha * x + sublayer(norm(x))}
+    bugs = [Bug("alpha scales the sub-layer's output; DeepNorm up-weights the residual x: "
+                "norm(alpha * x + sublayer(x))",
+            lambda x, sublayer, norm, alpha: norm(x + alpha * sublayer(x))),
+            Bug("alpha is ignored: this is plain Post-LN, norm(x + sublayer(x))",
+            lambda x, sublayer, norm, alpha: norm(x + sublayer(x))),
+            Bug("the LayerNorm is inside the branch (Pre-LN style); DeepNorm is Post-LN: norm after the sum",
+            lambda x, sublayer, norm, alpha: alpha * x + sublayer(norm(x)))]
     with torch.no_grad():
-        return _hinted("deepnorm_sublayer", fn, _deepnorm, cases, bugs)
+        return check("deepnorm_sublayer", fn, _deepnorm, cases, bugs=bugs)
 
 
 # --- 4. the parameters of a whole model ----------------------------------------------------------
@@ -136,15 +112,25 @@ def check_transformer_params(fn) -> CheckResult:
              Case("d_model=64, d_ff=256, 2 layers, vocabulary 100", (64, 256, 2, 100)),
              Case("d_model=1024, d_ff=4096, 6 layers, vocabulary 37000 (big)", (1024, 4096, 6, 37000))]
     name = "transformer_params"
-    if not callable(fn):
-        return run_check(name, fn, _transformer_params, cases)
     C = lambda d, f: 4 * (d * d + d) + 2 * d * f + f + d  # noqa: E731  (attention + FFN)
-    bugs = {"the two final LayerNorms (one after each stack, 2 * d_model numbers each) are missing":
-            lambda d, f, n, v: _transformer_params(d, f, n, v) - 4 * d,
-            "the embedding is counted three times; the paper shares one matrix between both embeddings "
-            "and the output layer": lambda d, f, n, v: _transformer_params(d, f, n, v) + 2 * v * d,
-            "the embeddings are missing: add one vocab_size x d_model matrix":
-            lambda d, f, n, v: _transformer_params(d, f, n, v) - v * d,
-            "the decoder layers are counted like encoder layers: each has a second attention and a third LayerNorm":
-            lambda d, f, n, v: n * 2 * (C(d, f) + 4 * d) + 4 * d + v * d}
-    return _hinted(name, lambda *a: None if fn(*a) is None else int(fn(*a)), _transformer_params, cases, bugs)
+    bugs = [Bug("the two final LayerNorms (one after each stack, 2 * d_model numbers each) are missing",
+            lambda d, f, n, v: _transformer_params(d, f, n, v) - 4 * d),
+            Bug("the embedding is counted three times; the paper shares one matrix between both embeddings "
+                "and the output layer", lambda d, f, n, v: _transformer_params(d, f, n, v) + 2 * v * d),
+            Bug("the embeddings are missing: add one vocab_size x d_model matrix",
+            lambda d, f, n, v: _transformer_params(d, f, n, v) - v * d),
+            Bug("the decoder layers are counted like encoder layers: each has a second attention and a third LayerNorm",
+            lambda d, f, n, v: n * 2 * (C(d, f) + 4 * d) + 4 * d + v * d)]
+    return check(name, fn, _transformer_params, cases, bugs=bugs)
+
+
+def _ffn_share(d_model: int = 512, d_ff: int = 2048) -> float:
+    layer = nn.TransformerEncoderLayer(d_model, 8, d_ff, device="meta")
+    ffn = sum(p.numel() for m in (layer.linear1, layer.linear2) for p in m.parameters())
+    return ffn / sum(p.numel() for p in layer.parameters())
+
+
+def check_predict_ffn_share(predicted) -> CheckResult:
+    """Predict then measure: the share of an encoder layer's parameters in its FFN (lesson 07)."""
+    return check_prediction("predict_ffn_share", predicted, _ffn_share,
+                            "share of the parameters in the feed-forward network", abs_tol=0.05)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from helpers.checks._core import Case, CheckResult, run_check
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction
 
 __all__ = ["check_teacher_forcing", "check_decoder_self_mask", "check_decoder_layer_params",
-           "check_length_normalised_score"]
+           "check_length_normalised_score", "check_predict_decoder_ratio"]
 
 
 def _teacher_forcing(tgt):
@@ -20,7 +20,11 @@ def check_teacher_forcing(fn) -> CheckResult:
     cases = [Case("two targets framed by <s>=1 and </s>=2, the second padded with 0", (framed,)),
              Case("one target of 12 ids (a date: <s>, 10 characters, </s>)",
                   (torch.tensor([[1, 5, 12, 12, 4, 3, 3, 6, 3, 7, 8, 2]]),))]
-    return run_check("teacher_forcing", fn, _teacher_forcing, cases)
+    bugs = [Bug("the two are swapped: the decoder reads tgt[:, :-1] and learns to predict tgt[:, 1:]",
+                lambda t: (t[:, 1:], t[:, :-1])),
+            Bug("the decoder input must have T tokens, not T + 1: drop the last token, tgt[:, :-1]",
+                lambda t: (t, t[:, 1:]))]
+    return check("teacher_forcing", fn, _teacher_forcing, cases, bugs=bugs)
 
 
 def _decoder_self_mask(tgt, pad_id):
@@ -36,13 +40,14 @@ def check_decoder_self_mask(fn) -> CheckResult:
                   (torch.tensor([[1, 5, 6, 7, 8], [1, 9, 4, 0, 0]]), 0)),
              Case("pad_id=3 instead of 0", (torch.tensor([[1, 5, 3], [1, 3, 3]]), 3))]
 
-    def boolean_only(tgt, pad_id):
-        mask = fn(tgt, pad_id)
-        if isinstance(mask, torch.Tensor) and mask.dtype != torch.bool:
-            raise TypeError(f"the mask must be boolean with True = may attend, got dtype {mask.dtype}")
-        return mask
-
-    return run_check("decoder_self_mask", boolean_only if callable(fn) else fn, _decoder_self_mask, cases)
+    bugs = [Bug("the padding is missing: pads must also be hidden as keys, causal & (tgt != pad_id)[:, None, None, :]",
+                lambda t, p: torch.ones(t.shape[1], t.shape[1], dtype=torch.bool).tril().expand(t.shape[0], 1, -1, -1)),
+            Bug("the causal part is missing: query t must not see keys after t",
+                lambda t, p: (t != p)[:, None, None, :].expand(-1, 1, t.shape[1], -1)),
+            Bug("polarity flipped: True must mean 'may attend'", lambda t, p: ~_decoder_self_mask(t, p)),
+            Bug("the padding hides queries instead of keys: put the T axis of (tgt != pad_id) last",
+                lambda t, p: torch.ones(t.shape[1], t.shape[1], dtype=torch.bool).tril() & (t != p)[:, None, :, None])]
+    return check("decoder_self_mask", fn, _decoder_self_mask, cases, bugs=bugs)
 
 
 def _decoder_layer_params(d_model, d_ff):
@@ -59,11 +64,16 @@ def check_decoder_layer_params(fn) -> CheckResult:
              Case("d_model=512, d_ff=2048 (the 2017 paper's base model)", (512, 2048)),
              Case("d_model=8, d_ff=3", (8, 3))]
 
-    def adapt(got, expected):
-        return int(got) if isinstance(got, (int, float)) or (isinstance(got, torch.Tensor) and got.numel() == 1) \
-            else got
+    def encoder_like(d, f):  # one attention and two LayerNorms: an encoder layer
+        return 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d
 
-    return run_check("decoder_layer_params", fn, _decoder_layer_params, cases, adapt=adapt)
+    bugs = [Bug("that is an encoder layer: a decoder layer adds a cross-attention (4 d^2 + 4 d) and a "
+                "third LayerNorm (2 d)",
+                encoder_like),
+            Bug("the LayerNorms are missing: three of them, 2 * d_model parameters each",
+                lambda d, f: _decoder_layer_params(d, f) - 6 * d),
+            Bug("the biases are missing", lambda d, f: _decoder_layer_params(d, f) - 8 * d - f - d)]
+    return check("decoder_layer_params", fn, _decoder_layer_params, cases, bugs=bugs)
 
 
 def _length_normalised_score(log_prob, length, alpha):
@@ -78,4 +88,23 @@ def check_length_normalised_score(fn) -> CheckResult:
              Case("tensors: log_prob (3,), length (3,), alpha=1.0",
                   (torch.tensor([-1.0, -4.0, -0.5], dtype=torch.float64),
                    torch.tensor([2, 10, 30], dtype=torch.float64), 1.0))]
-    return run_check("length_normalised_score", fn, _length_normalised_score, cases, atol=1e-9, rtol=1e-9)
+    bugs = [Bug("that divides by length ** alpha; Wu et al.'s penalty is ((5 + length) / 6) ** alpha",
+                lambda lp, n, a: lp / n ** a),
+            Bug("the penalty multiplies; the log-probability is divided by ((5 + length) / 6) ** alpha",
+                lambda lp, n, a: lp * ((5 + n) / 6) ** a)]
+    return check("length_normalised_score", fn, _length_normalised_score, cases, bugs=bugs, atol=1e-9, rtol=1e-9)
+
+
+def _decoder_ratio(d_model: int = 512, d_ff: int = 2048) -> float:
+    from helpers.transformer import EncoderLayer, TransformerConfig
+
+    config = TransformerConfig(10, 10, d_model=d_model, n_heads=8, d_ff=d_ff, n_encoder_layers=1,
+                               n_decoder_layers=1, dropout=0.0, max_len=8)
+    encoder = sum(p.numel() for p in EncoderLayer(config).parameters())
+    return _decoder_layer_params(d_model, d_ff) / encoder
+
+
+def check_predict_decoder_ratio(predicted) -> CheckResult:
+    """Predict then measure: parameters of a decoder layer / an encoder layer at d_model=512, d_ff=2048 (lesson 08)."""
+    return check_prediction("predict_decoder_ratio", predicted, _decoder_ratio,
+                            "decoder / encoder parameter ratio", abs_tol=0.05)

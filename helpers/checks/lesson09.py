@@ -2,45 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
-
 import torch
 
 from helpers.attention import scaled_dot_product_attention
-from helpers.checks._core import Case, CheckResult, run_check
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, first_output
 from helpers.device import peak_memory
 from helpers.scale import dilated_mask, sliding_window_mask
 
-__all__ = ["check_kv_cache_bytes", "check_kept_pairs", "check_global_window_mask", "check_local_attention"]
-
-
-def _call(fn, case: Case):
-    try:
-        return fn(*case.args, **case.kwargs)
-    except Exception:  # run_check reports the learner's exception itself
-        return None
-
-
-def _same(got, wrong) -> bool:
-    if isinstance(got, torch.Tensor) and got.dim() == 0:
-        got = got.item()
-    if isinstance(wrong, torch.Tensor):
-        return isinstance(got, torch.Tensor) and got.shape == wrong.shape and torch.equal(got, wrong)
-    return not isinstance(got, torch.Tensor) and got == wrong
-
-
-def _hint(name: str, fn, cases, bugs) -> CheckResult | None:
-    """Print a line naming the bug and return False when fn's answer on a case matches a known bug."""
-    for case in cases:
-        got = _call(fn, case)
-        if got is None:  # a stub or a crash: run_check reports it
-            return None
-        for describe, buggy in bugs:
-            if _same(got, buggy(*case.args, **case.kwargs)):
-                print(f"✗ {name}: on {case.name}: {describe}")
-                return CheckResult(False)
-    return None
+__all__ = ["check_kv_cache_bytes", "check_kept_pairs", "check_global_window_mask", "check_local_attention",
+           "check_predict_memory_ratio"]
 
 
 def _kv_cache_bytes(n_layers, B, H, L, D, bytes_per_element):
@@ -52,14 +22,13 @@ def check_kv_cache_bytes(fn) -> CheckResult:
     cases = [Case("2 layers, B=1, H=4, L=10, D=8, fp32", (2, 1, 4, 10, 8, 4)),
              Case("6 layers, B=8, H=8, L=512, D=64, bf16", (6, 8, 8, 512, 64, 2)),
              Case("32 layers, B=1, H=32, L=4096, D=128, fp16", (32, 1, 32, 4096, 128, 2))]
-    bugs = [("half the reference: a cache stores both the keys and the values",
+    bugs = [Bug("half the reference: a cache stores both the keys and the values",
              lambda n, B, H, L, D, b: n * B * H * L * D * b),
-            ("the reference times n_layers: every layer caches its own keys and values",
+            Bug("the reference times n_layers: every layer caches its own keys and values",
              lambda n, B, H, L, D, b: 2 * B * H * L * D * b),
-            ("that counts elements, not bytes: multiply by bytes_per_element",
+            Bug("that counts elements, not bytes: multiply by bytes_per_element",
              lambda n, B, H, L, D, b: 2 * n * B * H * L * D)]
-    return _hint("kv_cache_bytes", fn, cases[1:2], bugs) or run_check(
-        "kv_cache_bytes", fn, _kv_cache_bytes, cases)
+    return check("kv_cache_bytes", fn, _kv_cache_bytes, cases, bugs=bugs)
 
 
 def _kept_pairs(T, window, dilation):
@@ -73,14 +42,22 @@ def check_kept_pairs(fn) -> CheckResult:
              Case("T=100, window=8, dilation=3", (100, 8, 3)),
              Case("T=5, window=4, dilation=2 (shorter than the window's span)", (5, 4, 2)),
              Case("T=1, window=3, dilation=5", (1, 3, 5))]
-    bugs = [("that is window * T: the first queries have fewer than `window` earlier keys",
+    bugs = [Bug("that is window * T: the first queries have fewer than `window` earlier keys",
              lambda T, w, d: w * T),
-            ("that is window * T - window * (window - 1) / 2, the sliding-window count: "
-             "with dilation the first queries miss more keys", lambda T, w, d: w * T - w * (w - 1) // 2)]
-    short = [("the closed form w*T - d*w*(w-1)/2 assumes T >= (window-1)*dilation; for shorter T "
-              "count each query's keys, min(window, t // dilation + 1)", lambda T, w, d: w * T - d * w * (w - 1) // 2)]
-    return (_hint("kept_pairs", fn, cases[1:2], bugs) or _hint("kept_pairs", fn, cases[3:4], short)
-            or run_check("kept_pairs", lambda *a: None if fn(*a) is None else int(fn(*a)), _kept_pairs, cases))
+            Bug("that is window * T - window * (window - 1) / 2, the sliding-window count: "
+             "with dilation the first queries miss more keys", lambda T, w, d: w * T - w * (w - 1) // 2),
+            Bug("the closed form w*T - d*w*(w-1)/2 assumes T >= (window-1)*dilation; for shorter T "
+                "count each query's keys, min(window, t // dilation + 1)",
+                lambda T, w, d: w * T - d * w * (w - 1) // 2)]
+
+    def no_mask(fn, T=2048):  # "without building the mask": far less memory than one (T, T) bool mask
+        used = peak_memory(fn, T, 8, 3, device="cpu")
+        if used >= T * T // 8:
+            return False, (f"the count is right, but at T={T} your function allocated {used:,} bytes, as much as "
+                           "a (T, T) mask: count each query's keys, min(window, t // dilation + 1), without it")
+        return True, ""
+
+    return check("kept_pairs", fn, _kept_pairs, cases, bugs=bugs, then=no_mask)
 
 
 def _global_window(T, window, n_global):
@@ -94,19 +71,15 @@ def check_global_window_mask(fn) -> CheckResult:
              Case("T=12, window=3, n_global=2", (12, 3, 2)),
              Case("T=6, window=1, n_global=0 (only the diagonal)", (6, 1, 0)),
              Case("T=5, window=2, n_global=5 (everything causal)", (5, 2, 5))]
-    bugs = [("True and False are swapped: in the course True = may attend", lambda T, w, g: ~_global_window(T, w, g)),
-            ("a query sees a later global token: keep the mask causal (key position <= query position)",
+    bugs = [Bug("True and False are swapped: in the course True = may attend",
+                lambda T, w, g: ~_global_window(T, w, g)),
+            Bug("a query sees a later global token: keep the mask causal (key position <= query position)",
              lambda T, w, g: sliding_window_mask(T, w) | (torch.arange(T)[None, :] < g).expand(T, T))]
-    return _hint("global_window_mask", fn, cases[1:2], bugs) or run_check(
-        "global_window_mask", fn, _global_window, cases)
+    return check("global_window_mask", fn, _global_window, cases, bugs=bugs)
 
 
 def _local_reference(q, k, v, window):
     return scaled_dot_product_attention(q, k, v, mask=sliding_window_mask(q.shape[-2], window))[0]
-
-
-def _first(got, expected):
-    return got[0] if isinstance(got, (tuple, list)) else got
 
 
 def check_local_attention(fn) -> CheckResult:
@@ -116,24 +89,44 @@ def check_local_attention(fn) -> CheckResult:
     def r(*shape):
         return torch.randn(*shape, generator=g)
 
-    cases = [Case("B=1, H=2, T=16, D=8, window=4", (r(1, 2, 16, 8), r(1, 2, 16, 8), r(1, 2, 16, 8), 4)),
+    cases = [Case("B=1, H=2, T=18, D=8, window=4 (T not a multiple of the window)",
+                  (r(1, 2, 18, 8), r(1, 2, 18, 8), r(1, 2, 18, 8), 4)),
              Case("B=2, H=1, T=32, D=4, window=8", (r(2, 1, 32, 4), r(2, 1, 32, 4), r(2, 1, 32, 4), 8)),
              Case("window=1: each query sees only itself", (r(1, 1, 6, 4), r(1, 1, 6, 4), r(1, 1, 6, 4), 1)),
              Case("window=T: plain causal attention", (r(1, 2, 8, 4), r(1, 2, 8, 4), r(1, 2, 8, 4), 8))]
-    with contextlib.redirect_stdout(io.StringIO()) as said:  # one line in the end, not two
-        ok = run_check("local_attention", fn, _local_reference, cases, adapt=_first)
-    if not ok:
-        print(said.getvalue(), end="")
-        return ok
-    T, window = 512, 16
-    q, k, v = r(1, 1, T, 8), r(1, 1, T, 8), r(1, 1, T, 8)
-    used = peak_memory(fn, q, k, v, window, device="cpu")
-    full = T * T * q.element_size()  # one (T, T) score matrix
-    if used >= full:
-        print(f"✗ local_attention: the values are right, but at T={T}, window={window} it allocated {used:,} bytes, "
-              f"at least one full (T, T) score matrix ({full:,} bytes): compute each block of queries against "
-              "its nearby keys only")
-        return CheckResult(False)
-    print(f"✓ local_attention: matches the reference on all {len(cases)} cases, and at T={T}, window={window} "
-          f"it needed {used / full:.0%} of the memory of one (T, T) score matrix")
-    return CheckResult(True)
+
+    def small_memory(fn):
+        T, window = 512, 16
+        q, k, v = r(1, 1, T, 8), r(1, 1, T, 8), r(1, 1, T, 8)
+        used = peak_memory(fn, q, k, v, window, device="cpu")
+        full = T * T * q.element_size()  # one (T, T) score matrix
+        if used >= full:
+            return False, (f"the values are right, but at T={T}, window={window} it allocated {used:,} bytes, "
+                           f"at least one full (T, T) score matrix ({full:,} bytes): compute each block of "
+                           "queries against its nearby keys only")
+        return True, (f", and at T={T}, window={window} it needed {used / full:.0%} of the memory of one "
+                      "(T, T) score matrix")
+
+    bugs = [Bug("each query must see itself and the window - 1 keys before it (window keys in all), "
+                "not window keys before it plus itself",
+                lambda q, k, v, w: _local_reference(q, k, v, w + 1)),
+            Bug("the mask is missing: this is full attention, where queries see the future",
+                lambda q, k, v, w: scaled_dot_product_attention(q, k, v)[0])]
+    return check("local_attention", fn, _local_reference, cases, bugs=bugs, adapt=first_output,
+                 then=small_memory)
+
+
+def _memory_ratio() -> float:
+    g = torch.Generator().manual_seed(0)
+
+    def peak(T):
+        q, k, v = (torch.randn(1, 1, T, 8, generator=g) for _ in range(3))
+        return peak_memory(scaled_dot_product_attention, q, k, v, device="cpu")
+
+    return peak(2048) / peak(512)
+
+
+def check_predict_memory_ratio(predicted) -> CheckResult:
+    """Predict then measure: peak memory of attention at T=2048 divided by that at T=512 (lesson 09)."""
+    return check_prediction("predict_memory_ratio", predicted, _memory_ratio,
+                            "peak-memory ratio", rel_tol=0.25)

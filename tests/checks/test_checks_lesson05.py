@@ -1,20 +1,16 @@
-"""Lesson 05: the exercise checks (right answers pass, stubs and typical bugs are named) and mask properties."""
+"""Lesson 05's checks: right answers pass with the stored line, stubs say so, wrong answers are named."""
 
 import torch
-import torch.nn.functional as F
-from hypothesis import given
-from hypothesis import strategies as st
-from torch import nn
 
-from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
+from helpers.attention import scaled_dot_product_attention
 from helpers.checks import (
     check_causal_mask,
     check_leaks_future,
     check_masked_attention,
     check_mha_masks,
     check_padding_mask,
+    check_predict_causal_fraction,
 )
-from helpers.masks import causal_mask, padding_mask
 
 
 def tensor(seed, *shape):
@@ -56,9 +52,19 @@ def test_check_padding_mask(capsys):
         assert words in capsys.readouterr().out
 
 
+def masked_attention_way2(q, k, v, mask):  # softmax, zero the blocked weights, renormalise: no -inf
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    row_max = torch.where(mask, scores, torch.finfo(scores.dtype).min).amax(-1, keepdim=True)
+    e = torch.exp(torch.where(mask, scores - row_max, 0.0)) * mask
+    weights = e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+    return weights @ v, weights
+
+
 def test_check_masked_attention(capsys):
-    assert check_masked_attention(scaled_dot_product_attention)
-    assert "✓ masked_attention" in capsys.readouterr().out
+    assert check_masked_attention(masked_attention_way2)
+    assert capsys.readouterr().out == "✓ masked_attention: matches the reference on all 4 cases\n"
+    assert not check_masked_attention(scaled_dot_product_attention)  # right values, but way 1 (-inf)
+    assert "passes -inf to masked_fill" in capsys.readouterr().out
     assert not check_masked_attention(lambda q, k, v, mask: None)
     assert "not implemented yet" in capsys.readouterr().out
 
@@ -73,7 +79,7 @@ def test_check_masked_attention(capsys):
         return w @ v, w
 
     def flipped(q, k, v, mask):
-        return scaled_dot_product_attention(q, k, v, ~mask)
+        return masked_attention_way2(q, k, v, ~mask)
 
     assert not check_masked_attention(naive)
     out = capsys.readouterr().out
@@ -83,7 +89,7 @@ def test_check_masked_attention(capsys):
     assert "exp underflows" in out and "values differ" in out  # the clamp turned 0/0 into 0, still wrong
     assert not check_masked_attention(flipped)
     assert "polarity flipped" in capsys.readouterr().out
-    assert not check_masked_attention(lambda q, k, v, mask: scaled_dot_product_attention(q, k, v, mask)[0])
+    assert not check_masked_attention(lambda q, k, v, mask: masked_attention_way2(q, k, v, mask)[0])
     assert "expected a tuple of 2 results" in capsys.readouterr().out
 
 
@@ -126,72 +132,61 @@ def test_check_leaks_future(capsys):
     assert not check_leaks_future(only_first_position)
     assert "adds the LAST input (leaks from far ahead): got False, expected True" in capsys.readouterr().out
     assert not check_leaks_future(lambda f, x: torch.tensor([True, False]))
-    assert "not a single True/False" in capsys.readouterr().out
+    assert "return True or False, got Tensor" in capsys.readouterr().out
     assert check_leaks_future(lambda f, x: torch.tensor(right(f, x)))  # a one-element tensor is fine
 
 
-# --- properties of the masks --------------------------------------------------------------------
-
-@given(T=st.integers(1, 12))
-def test_causal_mask_is_the_loop_definition(T):
-    m = causal_mask(T)
-    assert m.dtype == torch.bool and m.shape == (T, T)
-    assert all(m[t, s].item() == (s <= t) for t in range(T) for s in range(T))
-    assert m.sum().item() == T * (T + 1) // 2
 
 
-@given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=5), extra=st.integers(0, 3))
-def test_padding_mask_counts_and_prefix(lengths, extra):
-    S = max(max(lengths), 1) + extra
-    m = padding_mask(lengths, S)
-    assert m.shape == (len(lengths), 1, 1, S) and m.dtype == torch.bool
-    assert m.sum(-1).flatten().tolist() == lengths
-    assert all(m[b, 0, 0, :n].all() and not m[b, 0, 0, n:].any() for b, n in enumerate(lengths))
+def test_more_wrong_answers(accepts, rejects):
+    def last_input_only(f, x):  # the known hole: perturbs only the last input
+        changed = x.clone()
+        changed[:, -1] = changed[:, -1] + 1.0
+        return not torch.allclose(f(changed)[:, :-1], f(x)[:, :-1], atol=1e-6)
+    rejects(check_leaks_future, last_input_only, "misses a leak from an input before the last one")
+
+    def compares_only_last_output(f, x):  # perturbs every position but looks at output t only when t = 0
+        changed = x.clone()
+        changed[:, 1:] = changed[:, 1:] + 1.0
+        return not torch.allclose(f(changed)[:, 0], f(x)[:, 0], atol=1e-6)
+    rejects(check_leaks_future, compares_only_last_output, "✗ leaks_future")
+
+    def perturbs_in_place(f, x):
+        base = f(x.clone())
+        x[:, 1:] += 1.0
+        return not torch.allclose(f(x)[:, :1], base[:, :1])
+    rejects(check_leaks_future, perturbs_in_place, "in place")
+    rejects(check_leaks_future, lambda f, x: 1, "return True or False, got int")
+
+    rejects(check_causal_mask, lambda T, S: torch.ones(T, S).tril(S - T).numpy(), "return a torch.Tensor")
+    rejects(check_causal_mask, lambda T, S: torch.ones(T, S, dtype=torch.int64).tril(S - T), "dtype torch.bool")
+    rejects(check_padding_mask, lambda ids, pad_id: (ids != pad_id).numpy()[:, None, None, :], "return a torch.Tensor")
+    rejects(check_masked_attention, lambda q, k, v, m: masked_attention_way2(q, k, v, torch.ones_like(m)),
+            "✗ masked_attention")
+
+    def where_minus_inf(q, k, v, mask):  # way 1 written with torch.where: still -inf
+        scores = torch.where(mask, q @ k.mT / q.shape[-1] ** 0.5, float("-inf"))
+        w = torch.softmax(scores, -1).nan_to_num(0.0)
+        return w @ v, w
+    rejects(check_masked_attention, where_minus_inf, "passes -inf to where")
+
+    def no_op_in_place(q, k, v, mask):
+        return masked_attention_way2(q, k, v.mul_(1.0), mask)
+    accepts(check_masked_attention, no_op_in_place)  # an in-place op that changes nothing is not an edit
+
+    def flips_mask_in_place(q, k, v, mask):
+        mask = mask.clone() if mask.dim() == 2 else mask
+        out = masked_attention_way2(q, k, v, mask)
+        if mask.dim() == 4:
+            mask.logical_not_()
+        return out
+    rejects(check_masked_attention, flips_mask_in_place, "in place")
+    rejects(check_mha_masks, lambda c, p: (c.logical_not_(), ~p[:, 0, 0, :]), "in place")
+    rejects(check_mha_masks, lambda c, p: ((~c).float(), ~p[:, 0, 0, :]), "result 0: return dtype torch.bool")
 
 
-@given(B=st.integers(1, 3), H=st.integers(1, 3), T=st.integers(1, 7), D=st.integers(1, 5),
-       seed=st.integers(0, 10_000))
-def test_causal_attention_equals_torch_is_causal(B, H, T, D, seed):
-    q, k, v = tensor(seed, B, H, T, D), tensor(seed + 1, B, H, T, D), tensor(seed + 2, B, H, T, D)
-    ours, w = scaled_dot_product_attention(q, k, v, mask=causal_mask(T))
-    theirs = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    assert torch.allclose(ours, theirs, atol=1e-12)
-    assert torch.all(w.triu(1) == 0)
-
-
-@given(T=st.integers(2, 7), seed=st.integers(0, 10_000))
-def test_minus_inf_and_renormalise_agree(T, seed):
-    scores = tensor(seed, 2, T, T) * 3
-    keep = causal_mask(T)
-    way1 = torch.softmax(scores.masked_fill(~keep, float("-inf")), -1)
-    p = torch.softmax(scores, -1) * keep
-    way2 = p / p.sum(-1, keepdim=True)
-    assert torch.allclose(way1, way2, atol=1e-12)
-
-
-@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=3), seed=st.integers(0, 10_000))
-def test_combined_mask_matches_torch_mha_with_inverted_masks(lengths, seed):
-    T = max(lengths)
-    torch.manual_seed(seed)
-    ours = MultiHeadAttention(8, 2).double().eval()
-    ref = nn.MultiheadAttention(8, 2, batch_first=True, dtype=torch.float64).eval()
-    with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
-        ref.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
-        ref.out_proj.weight.copy_(ours.w_o.weight)
-        ref.out_proj.bias.copy_(ours.w_o.bias)
-    x = tensor(seed, len(lengths), T, 8)
-    keep = causal_mask(T) & padding_mask(lengths, T)  # (B, 1, T, S); no row is empty: key 0 is real
-    out, w = ours(x, x, x, mask=keep)
-    out_ref, w_ref = ref(x, x, x, attn_mask=~causal_mask(T), key_padding_mask=~padding_mask(lengths, T)[:, 0, 0],
-                         average_attn_weights=False)
-    assert torch.allclose(out, out_ref, atol=1e-10) and torch.allclose(w, w_ref, atol=1e-10)
-
-
-@given(T=st.integers(1, 6), seed=st.integers(0, 10_000))
-def test_fully_masked_rows_give_zeros_not_nan(T, seed):
-    q, k, v = tensor(seed, 2, T, 4), tensor(seed + 1, 2, T, 4), tensor(seed + 2, 2, T, 3)
-    keep = causal_mask(T) & padding_mask([0, T], T)[:, 0]  # item 0: every key is padding
-    out, w = scaled_dot_product_attention(q, k, v, mask=keep)
-    assert torch.isfinite(out).all() and torch.all(out[0] == 0) and torch.all(w[0] == 0)
-    assert torch.allclose(w[1].sum(-1), torch.ones(T, dtype=torch.float64))
+def test_predict_causal_fraction(verdict):
+    assert not verdict(check_predict_causal_fraction, None)[0]
+    ok, line = verdict(check_predict_causal_fraction, 0.5)
+    assert ok and line.startswith("✓ predict_causal_fraction: you predicted 0.5; the measured fraction")
+    assert not verdict(check_predict_causal_fraction, 0.25)[0]

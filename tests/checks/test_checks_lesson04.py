@@ -1,4 +1,4 @@
-"""Lesson 04 exercise checks: right answers pass, stubs say "not implemented", typical bugs are named.
+"""Lesson 04's checks: right answers pass with the stored line, stubs say so, wrong answers are named.
 
 The references behind the checks are also tested against PyTorch's own modules (float64).
 """
@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 from torch import nn
 
 from helpers.attention import MultiHeadAttention
-from helpers.checks import check_grouped_query_attention, check_mha_param_count, check_pattern_mass, check_split_qkv
+from helpers.checks import (
+    check_grouped_query_attention,
+    check_mha_param_count,
+    check_pattern_mass,
+    check_predict_head_params,
+    check_split_qkv,
+)
 from helpers.checks.lesson04 import (
     grouped_query_attention_reference,
     mha_param_count_reference,
@@ -81,7 +87,7 @@ def test_check_mha_param_count(capsys):
     assert "not implemented yet" in capsys.readouterr().out
     assert not check_mha_param_count(lambda c, h, bias=True: 4 * c * c + 4 * c)  # bias always counted
     out = capsys.readouterr().out
-    assert "bias=False" in out and "got 16640, expected 16384" in out
+    assert "bias=False" in out and "the biases are counted although bias=False" in out
     assert not check_mha_param_count(lambda c, h, bias=True: 4 * h * (c // h) ** 2 + 4 * c)  # per-head D x D
     assert "✗ mha_param_count" in capsys.readouterr().out
 
@@ -103,7 +109,7 @@ def test_check_split_qkv(capsys):
         B, T, C = x.shape
         return [t.reshape(B, n_heads, T, C // n_heads) for t in _project(x, w, b)]
     assert not check_split_qkv(wrong_view)
-    assert "values differ" in capsys.readouterr().out
+    assert "mixes tokens" in capsys.readouterr().out
 
     def k_and_v_swapped(x, w, b, n_heads):
         q, k, v = right(x, w, b, n_heads)
@@ -123,7 +129,7 @@ def test_check_grouped_query_attention(capsys):
         return F.scaled_dot_product_attention(q, k.repeat(1, r, 1, 1), v.repeat(1, r, 1, 1))
     assert not check_grouped_query_attention(tiled)
     out = capsys.readouterr().out
-    assert "H=4 query heads sharing G=2" in out and "values differ" in out
+    assert "H=4 query heads sharing G=2" in out and "consecutive heads share a group" in out
     assert not check_grouped_query_attention(lambda q, k, v: F.scaled_dot_product_attention(q, k, v))
     assert "raised RuntimeError" in capsys.readouterr().out  # G != H cannot broadcast
 
@@ -136,7 +142,47 @@ def test_check_pattern_mass(capsys):
     all_rows = lambda w, p: (w * p).sum(-1).mean(dim=(0, 2))  # noqa: E731  (counts empty rows as 0)
     assert not check_pattern_mass(all_rows)
     out = capsys.readouterr().out
-    assert "row 0 has no True" in out and "values differ" in out
+    assert "row 0 has no True" in out and "must be left out of the mean" in out
     per_item = lambda w, p: (w * p).sum(-1)[..., p.any(-1)].mean(dim=-1)  # noqa: E731  (forgot the batch)
     assert not check_pattern_mass(per_item)
     assert "shape (3, 2), but the reference gives (2,)" in capsys.readouterr().out
+
+
+def test_more_wrong_answers(accepts, rejects):
+    accepts(check_mha_param_count, mha_param_count_reference, "✓ mha_param_count: matches the reference on all 4 cases")
+    rejects(check_mha_param_count, lambda c, h, bias=True: float(mha_param_count_reference(c, h, bias)),
+            "return an int, got float")
+    rejects(check_mha_param_count, lambda c, h, bias=True: 3 * c * c + 3 * c * bias, "output projection is missing")
+    rejects(check_mha_param_count, lambda c, h, bias=True: h * (4 * c * c + 4 * c * bias), "depends on n_heads")
+    rejects(check_mha_param_count, lambda c, h, bias=True: sum(p.numel() for p in MultiHeadAttention(c, h, bias=bias)
+                                                                .parameters()), "without building the module")
+    accepts(check_split_qkv, split_qkv_reference, "✓ split_qkv: matches the reference on all 3 cases")
+    rejects(check_split_qkv, lambda x, w, b, h: split_qkv_reference(x, w, None, h), "the bias is missing")
+    rejects(check_split_qkv, lambda x, w, b, h: [t.double() for t in split_qkv_reference(x, w, b, h)],
+            "return dtype torch.float32")
+
+    def flat_view(x, w, b, h):  # view on the input: crashes on a transposed x
+        B, T, C = x.shape
+        return split_qkv_reference(x.view(B * T, C).view(B, T, C), w, b, h)
+    rejects(check_split_qkv, flat_view, "non-contiguous")
+    accepts(check_grouped_query_attention, grouped_query_attention_reference,
+            "✓ grouped_query_attention: matches the reference on all 4 cases")
+    rejects(check_grouped_query_attention, lambda q, k, v: grouped_query_attention_reference(q, k, v).numpy(),
+            "return a torch.Tensor")
+    rejects(check_grouped_query_attention, lambda q, k, v: grouped_query_attention_reference(q, k[:, :1], v[:, :1]),
+            "✗ grouped_query_attention")
+    accepts(check_pattern_mass, pattern_mass_reference, "✓ pattern_mass: matches the reference on all 3 cases")
+    rejects(check_pattern_mass, lambda w, p: (w * p).sum(-1)[..., p.any(-1)].mean(dim=(1, 2)),
+            "return one number per head")
+
+    def zeroes_in_place(w, p):
+        w.mul_(p)
+        return pattern_mass_reference(w, p)
+    rejects(check_pattern_mass, zeroes_in_place, "in place")
+
+
+def test_predict_head_params(verdict):
+    assert not verdict(check_predict_head_params, None)[0]
+    ok, line = verdict(check_predict_head_params, 0)
+    assert ok and line.startswith("✓ predict_head_params: you predicted 0; the measured difference in parameters is 0")
+    assert not verdict(check_predict_head_params, 7 * 16640)[0]  # "8 heads, 8 times the parameters"

@@ -1,4 +1,4 @@
-"""The exercise checks of lesson 08: right answers pass, stubs say "not implemented", bugs are named."""
+"""Lesson 08's checks: right answers pass with the stored line, stubs say so, wrong answers are named."""
 
 import torch
 
@@ -6,6 +6,7 @@ from helpers.checks import (
     check_decoder_layer_params,
     check_decoder_self_mask,
     check_length_normalised_score,
+    check_predict_decoder_ratio,
     check_teacher_forcing,
 )
 from helpers.masks import causal_mask
@@ -19,7 +20,7 @@ def test_check_teacher_forcing(capsys):
     assert not check_teacher_forcing(lambda tgt: (tgt[:, 1:], tgt[:, :-1]))  # swapped
     assert "✗ teacher_forcing" in capsys.readouterr().out
     assert not check_teacher_forcing(lambda tgt: (tgt, tgt[:, 1:]))  # input not cut
-    assert "shape" in capsys.readouterr().out
+    assert "drop the last token" in capsys.readouterr().out
 
 
 def test_check_decoder_self_mask(capsys):
@@ -37,7 +38,7 @@ def test_check_decoder_self_mask(capsys):
     assert not check_decoder_self_mask(queries_padded)
     assert "✗ decoder_self_mask" in capsys.readouterr().out
     assert not check_decoder_self_mask(lambda tgt, pad_id: right(tgt, pad_id).float())
-    assert "must be boolean" in capsys.readouterr().out
+    assert "return dtype torch.bool, got torch.float32" in capsys.readouterr().out
 
 
 def test_check_decoder_layer_params(capsys):
@@ -73,3 +74,43 @@ def test_reference_count_is_the_module_count():
     expected = 2 * 4 * (64 * 64 + 64) + 2 * 64 * 128 + 128 + 64 + 6 * 64
     assert sum(p.numel() for p in DecoderLayer(cfg).parameters()) == expected == 50240
     assert torch.equal(causal_mask(2), torch.tensor([[True, False], [True, True]]))
+
+
+def test_more_wrong_answers(accepts, rejects):
+    accepts(check_teacher_forcing, lambda t: (t[:, :-1], t[:, 1:]),
+            "✓ teacher_forcing: matches the reference on all 2 cases")
+    rejects(check_teacher_forcing, lambda t: (t[:, 1:], t[:, :-1]), "the two are swapped")
+    rejects(check_teacher_forcing, lambda t: (t[:, :-1].numpy(), t[:, 1:].numpy()), "result 0: return a torch.Tensor")
+    rejects(check_teacher_forcing, lambda t: (t[:, :-1].float(), t[:, 1:]), "return dtype torch.int64")
+
+    def shifts_in_place(t):  # rolls the learner's own copy of the batch
+        labels = t[:, 1:].clone()
+        t[:, 1:] = t[:, :-1].clone()
+        return t[:, 1:], labels
+    rejects(check_teacher_forcing, shifts_in_place, "in place")
+
+    def right(tgt, pad_id):
+        return causal_mask(tgt.shape[1]) & (tgt != pad_id)[:, None, None, :]
+    accepts(check_decoder_self_mask, right, "✓ decoder_self_mask: matches the reference on all 3 cases")
+    rejects(check_decoder_self_mask, lambda t, p: causal_mask(t.shape[1]) & (t != 0)[:, None, None, :], "pad_id=3")
+    rejects(check_decoder_self_mask, lambda t, p: ~right(t, p), "polarity flipped")
+    rejects(check_decoder_self_mask, lambda t, p: (t != p)[:, None, None, :].expand(-1, 1, t.shape[1], -1),
+            "the causal part is missing")
+    rejects(check_decoder_self_mask, lambda t, p: right(t, p)[:, 0], "shape")
+
+    def layer(C, F):
+        return 2 * 4 * (C * C + C) + (C * F + F) + (F * C + C) + 6 * C
+    accepts(check_decoder_layer_params, layer, "✓ decoder_layer_params: matches the reference on all 3 cases")
+    rejects(check_decoder_layer_params, lambda C, F: float(layer(C, F)), "return an int, got float")
+    rejects(check_decoder_layer_params, lambda C, F: layer(C, F) - 4 * (C * C + C) - 2 * C, "that is an encoder layer")
+    rejects(check_decoder_layer_params, lambda C, F: layer(C, F) - 6 * C, "the LayerNorms are missing")
+    rejects(check_length_normalised_score, lambda lp, n, a: lp / n ** a, "divides by length ** alpha")
+    rejects(check_length_normalised_score, lambda lp, n, a: lp * ((5 + n) / 6) ** a, "the penalty multiplies")
+    rejects(check_length_normalised_score, lambda lp, n, a: lp / ((5 + n) / 6) ** (1 - a), "✗ length_normalised_score")
+
+
+def test_predict_decoder_ratio(verdict):
+    assert not verdict(check_predict_decoder_ratio, None)[0]
+    ok, line = verdict(check_predict_decoder_ratio, 4 / 3)
+    assert ok and line.startswith("✓ predict_decoder_ratio: you predicted 1.333; the measured")
+    assert not verdict(check_predict_decoder_ratio, 2.0)[0]  # "two attentions, twice the size"

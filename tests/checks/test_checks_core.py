@@ -1,0 +1,94 @@
+"""The checks' engine (helpers/checks/_core.py): one line, stubs, crashes, in-place edits, types, layouts."""
+
+import numpy as np
+import torch
+
+from helpers.checks import Bug, Case, check, check_prediction, compare
+
+
+def _double(x):
+    return 2 * x
+
+
+CASES = [Case("a (3, 4) tensor", (torch.arange(12.0).view(3, 4),)), Case("a (5,) tensor", (torch.ones(5),))]
+
+
+def run(fn, **kwargs):
+    return check("double", fn, _double, CASES, **kwargs)
+
+
+def test_right_answer_prints_the_stored_line(accepts):
+    accepts(run, _double, "✓ double: matches the reference on all 2 cases")
+
+
+def test_stub_crash_and_non_function(rejects):
+    rejects(run, lambda x: None, "… double: not implemented yet (your function returned None)")
+
+    def stub(x):
+        raise NotImplementedError
+
+    rejects(run, stub, "not implemented yet")
+    rejects(run, lambda x: x @ x, "✗ double: on a (3, 4) tensor, your function raised RuntimeError")
+    rejects(run, 3, "✗ double: expected a function, got int")
+
+
+def test_in_place_edit_is_rejected(rejects):
+    rejects(run, lambda x: x.mul_(2), "modified its input (argument 1) in place")
+
+    def returns_right_but_scribbles(x):
+        out = 2 * x
+        x.zero_()
+        return out
+
+    rejects(run, returns_right_but_scribbles, "in place")
+
+
+def test_numpy_and_wrong_dtype_are_rejected(rejects):
+    rejects(run, lambda x: (2 * x).numpy(), "return a torch.Tensor (dtype torch.float32), got ndarray")
+    rejects(run, lambda x: 2 * x.double(), "return dtype torch.float32, got torch.float64")
+    rejects(run, lambda x: (2 * x).tolist(), "got list")
+
+
+def test_non_contiguous_inputs_are_tried(rejects, accepts):
+    def flattens_with_view(x):  # right on contiguous tensors, crashes on a transposed one
+        return 2 * x.view(-1).view(x.shape)
+
+    rejects(run, flattens_with_view, "non-contiguous input tensors")
+    accepts(lambda fn: run(fn, layouts=False), flattens_with_view)
+
+
+def test_known_bug_names_the_mistake(rejects):
+    bugs = [Bug("you tripled instead of doubling", lambda x: 3 * x)]
+    rejects(lambda fn: run(fn, bugs=bugs), lambda x: 3 * x, "✗ double: on a (3, 4) tensor: you tripled")
+    rejects(lambda fn: run(fn, bugs=bugs), lambda x: 4 * x, "values differ from the reference")
+
+
+def test_then_runs_after_all_cases(rejects, accepts):
+    accepts(lambda fn: run(fn, then=lambda f: (True, ", and more")), _double,
+            "✓ double: matches the reference on all 2 cases, and more")
+    rejects(lambda fn: run(fn, then=lambda f: (False, "too slow")), _double, "✗ double: too slow")
+
+
+def test_ints_must_be_ints(rejects, accepts):
+    cases = [Case("3", (3,))]
+    accepts(lambda fn: check("sq", fn, lambda n: n * n, cases), lambda n: n * n)
+    rejects(lambda fn: check("sq", fn, lambda n: n * n, cases), lambda n: float(n * n), "return an int, got float")
+    rejects(lambda fn: check("sq", fn, lambda n: n * n, cases), lambda n: np.float64(n * n), "return an int")
+
+
+def test_compare_reasons():
+    assert compare(torch.ones(2), torch.ones(2)) is None
+    assert "shape (3,)" in compare(torch.ones(3), torch.ones(2))
+    assert "NaN" in compare(torch.tensor([float("nan")]), torch.ones(1))
+    assert "got 2, expected 3" in compare(2.0, 3.0)
+
+
+def test_prediction(verdict):
+    ok, line = verdict(lambda p: check_prediction("guess", p, lambda: 8.0, "width", rel_tol=0.1), 8.5)
+    assert ok and line == "✓ guess: you predicted 8.5; the measured width is 8 (within 0.8)"
+    ok, line = verdict(lambda p: check_prediction("guess", p, lambda: 8.0, "width", rel_tol=0.1), 64)
+    assert not ok and line.startswith("✗ guess: you predicted 64; the measured width is 8, more than 0.8 away")
+    ok, line = verdict(lambda p: check_prediction("guess", p, lambda: 8.0, "width", rel_tol=0.1), None)
+    assert not ok and line.startswith("… guess: write your prediction first")
+    ok, line = verdict(lambda p: check_prediction("guess", p, lambda: 8.0, "width", rel_tol=0.1), "8")
+    assert not ok and "must be a finite number" in line
