@@ -30,6 +30,7 @@ DERIVED_IN = {
     "helpers.transformer.Decoder": 8, "helpers.transformer.DecoderLayer": 8,
     "helpers.transformer.greedy_decode": 8, "helpers.transformer.beam_search": 8,
     "helpers.scale": 9, "helpers.device.peak_memory": 9,
+    "helpers.pretrained": 11,
 }
 
 
