@@ -75,7 +75,7 @@ HELDOUT = [
     "Déjà vu: the café's résumé was naïvely rejected.",
     "Ünïcödé äccënts everywhere ôn thë vöwëls.",
     (_LONG * 6).strip(),  # about 210 tokens: near the limit
-    (_LONG * 12).strip(),  # over 400 tokens: cut to 256 by the tokenizer
+    (_LONG * 12).strip(),  # 410 tokens: cut to 256 by the tokenizer
 ]
 
 

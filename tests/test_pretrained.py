@@ -5,6 +5,7 @@ embeddings computed once by sentence-transformers itself (see data/README.md), f
 sentences and for held-out sentences the lesson never shows.
 """
 
+import functools
 import hashlib
 import json
 import struct
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import helpers.pretrained as pretrained
@@ -195,6 +198,22 @@ def test_encode_call_truncation_and_padding(tiny_tok):
         tiny_tok([])
     with pytest.raises(ValueError, match="max_len"):
         WordPieceTokenizer("vocab.txt", max_len=1)  # checked before the file is read
+
+
+@functools.cache
+def real_tokenizer(max_len):
+    return WordPieceTokenizer(minilm_dir(verify=False) / "vocab.txt", max_len=max_len)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=60))
+def test_encode_is_framed_bounded_and_case_blind(text):
+    tok = real_tokenizer(24)
+    ids = tok.encode(text)
+    assert ids[0] == tok.cls_id and ids[-1] == tok.sep_id and 2 <= len(ids) <= 24
+    assert all(0 <= i < len(tok.tokens) for i in ids) and tok.pad_id not in ids
+    if text.upper().lower() == text.lower():  # (not so for "ß" -> "SS", for example)
+        assert tok.encode(text.upper()) == ids
 
 
 # --- the real model against the library --------------------------------------------------------
