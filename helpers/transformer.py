@@ -8,7 +8,7 @@ Masks follow the course's polarity everywhere: boolean, True = may attend.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,9 @@ from helpers.masks import causal_mask
 from helpers.positional import PositionalEncoding
 
 # --- configuration ---------------------------------------------------------------------------
+
+# The feed-forward activations a config may name; "gelu" is the exact erf form, not the tanh approximation.
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,10 @@ class TransformerConfig:
     # blow up in deep stacks (Xiong et al. 2020), so it is the default here; `base()` switches back to the
     # paper's Post-LN. Lesson 07 compares the two.
     norm_first: bool = True
+    # The paper's ReLU; BERT-style models (lesson 11) use the exact GELU, x * Phi(x) (Hendrycks & Gimpel 2016).
+    activation: str = "relu"
+    # nn.LayerNorm's default; BERT uses 1e-12, which matters when copying its weights (lesson 11).
+    layer_norm_eps: float = 1e-5
 
     def __post_init__(self):
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
@@ -63,6 +70,18 @@ class TransformerConfig:
                 f"pad_id must be a token id of both vocabularies, i.e. in [0, {smallest}), got {self.pad_id!r}")
         if not isinstance(self.norm_first, bool):
             raise TypeError(f"norm_first must be True (Pre-LN) or False (Post-LN), got {self.norm_first!r}")
+        if not isinstance(self.activation, str) or self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        eps = self.layer_norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 1.0:
+            raise ValueError(f"layer_norm_eps must be a small positive number in (0, 1), got {eps!r}")
+
+    def __repr__(self) -> str:
+        # activation and layer_norm_eps (lesson 11) are shown only when they differ from their
+        # defaults, so that the configs printed in lessons 07-10 read as they always did
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                 if f.name not in ("activation", "layer_norm_eps") or getattr(self, f.name) != f.default]
+        return f"{type(self).__name__}({', '.join(shown)})"
 
     @property
     def head_dim(self) -> int:
@@ -88,17 +107,24 @@ class TransformerConfig:
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 applied at every position alone (Vaswani et al. 2017, Eq. 2; lesson 07)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 applied at every position alone (Vaswani et al. 2017, Eq. 2; lesson 07).
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0):
+    ``activation="gelu"`` puts the exact GELU in place of max(0, .), as BERT does (lesson 11).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"):
         super().__init__()
+        if not isinstance(activation, str) or activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        self.activation = ACTIVATIONS[activation]  # ReLU in the paper; GELU in BERT (lesson 11)
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(dropout)  # on the hidden units, where nn.TransformerEncoderLayer puts it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C)."""
-        return self.linear2(self.dropout(F.relu(self.linear1(x))))  # (B, T, C) -> (B, T, d_ff) -> (B, T, C)
+        hidden = self.activation(self.linear1(x))  # (B, T, C) -> (B, T, d_ff)
+        return self.linear2(self.dropout(hidden))  # (B, T, d_ff) -> (B, T, C)
 
 
 class EncoderLayer(nn.Module):
@@ -113,9 +139,9 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.norm_first = config.norm_first
         self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, dropout=config.dropout)
-        self.ff = FeedForward(config.d_model, config.d_ff, config.dropout)
-        self.norm1 = nn.LayerNorm(config.d_model)
-        self.norm2 = nn.LayerNorm(config.d_model)
+        self.ff = FeedForward(config.d_model, config.d_ff, config.dropout, config.activation)
+        self.norm1 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.norm2 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
         self.attn_weights = None
 
@@ -146,10 +172,10 @@ class DecoderLayer(nn.Module):
         self.norm_first = config.norm_first
         self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, dropout=config.dropout)
         self.cross_attn = MultiHeadAttention(config.d_model, config.n_heads, dropout=config.dropout)
-        self.ff = FeedForward(config.d_model, config.d_ff, config.dropout)
-        self.norm1 = nn.LayerNorm(config.d_model)
-        self.norm2 = nn.LayerNorm(config.d_model)
-        self.norm3 = nn.LayerNorm(config.d_model)
+        self.ff = FeedForward(config.d_model, config.d_ff, config.dropout, config.activation)
+        self.norm1 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.norm2 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.norm3 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
         self.self_attn_weights = None
         self.cross_attn_weights = None
@@ -220,7 +246,7 @@ class _Stack(nn.Module):
             self.embed.weight[config.pad_id].zero_()
         self.pos = PositionalEncoding(config.d_model, config.max_len, config.dropout)
         self.layers = nn.ModuleList(layer_type(config) for _ in range(n_layers))
-        self.norm = nn.LayerNorm(config.d_model)  # final norm, as nn.Transformer always has
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)  # final norm, as nn.Transformer always has
 
     def embed_tokens(self, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """(B, L) ids -> (B, L, C): embedding * sqrt(d_model) + positions from ``offset``, dropout (lesson 08)."""

@@ -17,3 +17,4 @@ from helpers.checks.lesson07 import *  # noqa: F403
 from helpers.checks.lesson08 import *  # noqa: F403
 from helpers.checks.lesson09 import *  # noqa: F403
 from helpers.checks.lesson10 import *  # noqa: F403
+from helpers.checks.lesson11 import *  # noqa: F403
