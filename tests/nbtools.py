@@ -37,7 +37,7 @@ LESSONS = [
     ("08", "encoder_decoder", "The full Transformer trained on dates; greedy and beam search"),
     ("09", "attention_at_scale", "Timing, memory, flash attention, KV cache, sparse masks (GPU)"),
     ("10", "flash_attention", "FlashAttention from scratch: online softmax, tiles, IO count, a Triton kernel (GPU)"),
-    ("11", "pretrained_model", "A real pretrained model (all-MiniLM-L6-v2) on the course's modules, equal to its library"),
+    ("11", "pretrained_model", "all-MiniLM-L6-v2 run on the course's own modules, equal to its library"),
 ]
 
 
