@@ -85,7 +85,7 @@ def test_decode_step_logits_equal_full_decoder_at_every_step():
         memory, src_mask = model.encode(src)
         cache = KVCache(model, memory, max_len=ys.shape[1])
         for t in range(ys.shape[1]):
-            step = decode_step(model, cache, ys[:, t:t + 1], (ys[:, :t + 1] != PAD)[:, None, None, :], src_mask)
+            step = decode_step(model, cache, ys[:, t:t + 1], src_mask)
             full = model.decode(ys[:, :t + 1], memory, src_mask)[:, -1]  # (B, V)
             assert (step - full).abs().max().item() < 1e-12
     assert cache.length == ys.shape[1]
