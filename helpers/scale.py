@@ -232,7 +232,7 @@ def decode_step(model, cache: KVCache, token: torch.Tensor, memory_mask=None) ->
     self_mask = cache.keep[:, None, None, :]  # (B, 1, 1, max_len): filled slots holding real tokens
     # decoder.embed_tokens(token, offset=position), with the offset read on the device
     x = decoder.embed(token) * math.sqrt(model.config.d_model)  # (B, 1) -> (B, 1, C)
-    x = x + decoder.pos.pe[cache.position].to(x.dtype)  # + PE[position] (C,) -> (B, 1, C)
+    x = x + decoder.pos.pe.index_select(0, slot).to(x.dtype)  # + PE[position] (1, C) -> (B, 1, C)
     for i, layer in enumerate(decoder.layers):
         x = _layer_step(layer, i, x, cache, self_mask, memory_mask)  # (B, 1, C)
     cache.position.add_(1)
