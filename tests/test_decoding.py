@@ -62,7 +62,7 @@ def score_of(hypotheses, ids):
 
 # --- beam search -----------------------------------------------------------------------------------
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10_000), tgt_v=st.integers(3, 5), max_len=st.integers(2, 4),
        alpha=st.sampled_from([0.0, 0.6, 2.0]), norm_first=st.booleans())
 def test_beam_wider_than_the_search_space_finds_the_best_hypothesis(seed, tgt_v, max_len, alpha, norm_first):
@@ -79,7 +79,7 @@ def test_beam_wider_than_the_search_space_finds_the_best_hypothesis(seed, tgt_v,
     assert score_of(hyps, out[0]) >= score_of(hyps, greedy[0]) - 1e-9
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10_000), tgt_v=st.integers(3, 8), B=st.integers(1, 3), max_len=st.integers(2, 10),
        norm_first=st.booleans(), layers=st.integers(1, 2))
 def test_beam_of_one_is_greedy(seed, tgt_v, B, max_len, norm_first, layers):
