@@ -15,7 +15,7 @@ mask, each fused kernel selected explicitly with sdpa_kernel, against the naive 
 from __future__ import annotations
 
 import argparse
-import os
+import math
 import sys
 
 import torch
@@ -25,12 +25,16 @@ from common import (
     add_common_args,
     dtype_supported,
     environment,
+    fit_peak,
     fmt_mib,
     fmt_ms,
     fmt_ratio,
+    is_out_of_memory,
     markdown_table,
+    measure_contestants,
+    memory_budget,
+    predict_peak,
     start,
-    time_side_by_side,
     write_results,
 )
 
@@ -64,18 +68,35 @@ def make_call(attn, q, k, v, mode):
     return forward_backward
 
 
-def memory_budget(device) -> int:
-    """Bytes the naive attention may use: most of the free GPU memory, or 40% of the machine's RAM."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(0.8 * free)
-    return int(0.4 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+CALIBRATION_SIZES = (64, 128, 256)
+CONTESTANTS = {"sdpa": sdpa, "naive": naive}
 
 
-def naive_estimate(B, H, T, D, dtype, mode) -> int:
-    """Rough peak bytes of the naive attention: ~3 (T, T) tensors forward, ~7 with backward."""
-    per_matrix = B * H * T * T * torch.finfo(dtype).bits // 8
-    return (3 if mode == "fwd" else 7) * per_matrix
+def calibrate(attn, B, H, D, dtype, device, mode) -> tuple[float, float]:
+    """Peak-memory fit (c1, c2) of one contestant, measured here at small T for this dtype and pass."""
+    peaks = []
+    try:
+        for T in CALIBRATION_SIZES:
+            q, k, v = inputs(B, H, T, D, dtype, device, mode)
+            peaks.append(peak_memory(make_call(attn, q, k, v, mode), device=device))
+    except Exception as err:  # noqa: BLE001  (out of memory even at small sizes: never affordable)
+        if not is_out_of_memory(err):
+            raise
+        return math.inf, math.inf
+    return fit_peak(CALIBRATION_SIZES, peaks)
+
+
+def affordable(fns: dict, fits: dict, T: int, device) -> tuple[dict, dict, dict]:
+    """(the contestants whose estimated peak fits the free memory now, {name: estimate}, {name: skip reason})."""
+    budget, keep, estimates, skipped = memory_budget(device), {}, {}, {}
+    for name, fn in fns.items():
+        estimates[name] = predict_peak(fits[name], T)
+        if estimates[name] <= budget:
+            keep[name] = fn
+        else:
+            skipped[name] = (f"estimated peak {estimates[name] / 2**30:.1f} GiB > {budget / 2**30:.1f} GiB "
+                             "free for it")
+    return keep, estimates, skipped
 
 
 def inputs(B, H, T, D, dtype, device, mode, seed=0):
@@ -86,33 +107,33 @@ def inputs(B, H, T, D, dtype, device, mode, seed=0):
 
 def sweep(args, device) -> list[dict]:
     rows = []
-    budget = memory_budget(device)
+    B, H, D = args.batch, args.heads, args.head_dim
     for dtype_name in args.dtypes:
         dtype = DTYPES[dtype_name]
         if not dtype_supported(dtype, device):
             print(f"skip {dtype_name}: not supported natively on {device}")
             continue
         for mode in args.modes:
+            fits = {name: calibrate(fn, B, H, D, dtype, device, mode) for name, fn in CONTESTANTS.items()}
             for T in args.sizes:
-                B, H, D = args.batch, args.heads, args.head_dim
                 q, k, v = inputs(B, H, T, D, dtype, device, mode)
-                fns = {"sdpa": make_call(sdpa, q, k, v, mode)}
-                need = naive_estimate(B, H, T, D, dtype, mode)
-                if need <= budget:
-                    fns["naive"] = make_call(naive, q, k, v, mode)
-                else:
-                    print(f"skip naive at T={T} {dtype_name} {mode}: needs ~{need / 2**30:.1f} GiB")
-                t = time_side_by_side(fns, device, repeats=args.repeats, warmup=args.warmup)
-                mem = {name: peak_memory(fn, device=device) for name, fn in fns.items()}
+                fns = {name: make_call(fn, q, k, v, mode) for name, fn in CONTESTANTS.items()}
+                fns, estimates, skipped = affordable(fns, fits, T, device)
+                t, mem, oom = measure_contestants(fns, device, repeats=args.repeats, warmup=args.warmup)
+                skipped.update(oom)
+                for name, why in skipped.items():
+                    print(f"skip {name} at T={T} {dtype_name} {mode}: {why}", flush=True)
                 flops = attention_flops(B, H, T, T, D) * (1 if mode == "fwd" else 1 + BACKWARD_FLOP_FACTOR)
                 row = dict(dtype=dtype_name, mode=mode, B=B, H=H, T=T, D=D, flops=flops,
-                           sdpa_backend=auto_sdpa_backend(q, k, v),
-                           sdpa_s=t["sdpa"]["median_s"], sdpa_bytes=mem["sdpa"],
-                           naive_s=t["naive"]["median_s"] if "naive" in t else None,
-                           naive_bytes=mem.get("naive"), timings=t)
-                row["speedup"] = row["naive_s"] / row["sdpa_s"] if row["naive_s"] else None
-                row["memory_ratio"] = row["naive_bytes"] / row["sdpa_bytes"] if row["naive_bytes"] else None
-                row["sdpa_tflops"] = flops / row["sdpa_s"] / 1e12
+                           sdpa_backend=auto_sdpa_backend(q, k, v), timings=t, skipped=skipped,
+                           estimated_bytes=estimates)
+                for name in CONTESTANTS:
+                    row[f"{name}_s"] = t[name]["median_s"] if name in t else None
+                    row[f"{name}_bytes"] = mem.get(name) if name in t else None
+                row["speedup"] = row["naive_s"] / row["sdpa_s"] if row["naive_s"] and row["sdpa_s"] else None
+                row["memory_ratio"] = row["naive_bytes"] / row["sdpa_bytes"] \
+                    if row["naive_bytes"] and row["sdpa_bytes"] else None
+                row["sdpa_tflops"] = flops / row["sdpa_s"] / 1e12 if row["sdpa_s"] else None
                 rows.append(row)
                 print(f"{dtype_name} {mode:6} T={T:6}: naive {fmt_ms(row['naive_s'])} ms, "
                       f"sdpa[{row['sdpa_backend']}] {fmt_ms(row['sdpa_s'])} ms, speed-up "
@@ -142,8 +163,9 @@ def headline(args, device) -> dict:
     """bf16 SDPA at T=8192, D=128, no mask, each fused kernel chosen explicitly, against naive."""
     B, H, T, D = args.headline_batch, args.headline_heads, args.headline_seq, 128
     dtype = torch.bfloat16 if dtype_supported(torch.bfloat16, device) else torch.float16
+    naive_fit = calibrate(naive, 1, H, D, dtype, device, "fwd")  # per source: peak grows linearly in B
     if B is None:  # the largest of 4, 2, 1 whose naive run fits, so that the GPU has enough work
-        B = next((b for b in (4, 2, 1) if naive_estimate(b, H, T, D, dtype, "fwd") <= memory_budget(device)), 1)
+        B = next((b for b in (4, 2, 1) if b * predict_peak(naive_fit, T) <= memory_budget(device)), 1)
     q, k, v = inputs(B, H, T, D, dtype, device, "fwd")
     flops = attention_flops(B, H, T, T, D)
     result = dict(B=B, H=H, T=T, D=D, dtype=str(dtype).removeprefix("torch."), mask=None, flops=flops,
@@ -159,16 +181,18 @@ def headline(args, device) -> dict:
             result["backends"][name] = {"available": False, "reason": str(err).split("\n")[0][:200]}
             continue
         fns[name] = call
-    if naive_estimate(B, H, T, D, dtype, "fwd") <= memory_budget(device):
+    need = B * predict_peak(naive_fit, T)
+    if need <= memory_budget(device):
         fns["naive"] = make_call(naive, q, k, v, "fwd")
     else:
-        result["naive_skipped"] = f"needs ~{naive_estimate(B, H, T, D, dtype, 'fwd') / 2**30:.1f} GiB"
-    if not fns:
-        return result
-    t = time_side_by_side(fns, device, repeats=args.repeats, warmup=args.warmup)
-    for name in fns:
-        entry = dict(available=True, median_s=t[name]["median_s"], timing=t[name],
-                     peak_bytes=peak_memory(fns[name], device=device),
+        result["naive_skipped"] = f"needs ~{need / 2**30:.1f} GiB"
+    t, mem, oom = measure_contestants(fns, device, repeats=args.repeats, warmup=args.warmup)
+    if "naive" in oom:
+        result["naive_skipped"] = oom.pop("naive")
+    for name, why in oom.items():
+        result["backends"][name] = {"available": False, "reason": why}
+    for name in t:
+        entry = dict(available=True, median_s=t[name]["median_s"], timing=t[name], peak_bytes=mem[name],
                      tflops=flops / t[name]["median_s"] / 1e12)
         if result["peak_tflops"]:
             entry["fraction_of_peak"] = entry["tflops"] / result["peak_tflops"]
@@ -205,7 +229,12 @@ def markdown(rows, slope_rows, head) -> str:
              "SDPA kernel", "SDPA TFLOP/s"],
             [[r["dtype"], r["mode"], r["T"], fmt_ms(r["naive_s"]), fmt_ms(r["sdpa_s"]), fmt_ratio(r["speedup"]),
               fmt_mib(r["naive_bytes"]), fmt_mib(r["sdpa_bytes"]), fmt_ratio(r["memory_ratio"]),
-              r["sdpa_backend"], f"{r['sdpa_tflops']:.3f}"] for r in rows]))
+              r["sdpa_backend"], "-" if r["sdpa_tflops"] is None else f"{r['sdpa_tflops']:.3f}"] for r in rows]))
+        skips = [f"- {r['dtype']} {r['mode']} T={r['T']}: {name} skipped ({why})"
+                 for r in rows for name, why in r.get("skipped", {}).items()]
+        if skips:
+            parts.append("\nSkipped (estimated from peaks measured at T = "
+                         f"{', '.join(map(str, CALIBRATION_SIZES))}, or out of memory):\n\n" + "\n".join(skips))
     if slope_rows:
         parts.append("\n## Log-log slopes against T (2 = quadratic, 1 = linear)\n")
         parts.append(markdown_table(

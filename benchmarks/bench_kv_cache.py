@@ -1,14 +1,19 @@
-"""Greedy decoding with and without a KV cache: the lesson-08 model, 256 generated tokens.
+"""Greedy decoding with and without a KV cache: the lesson-08 model, 256 generated tokens, batch 1 and 64.
 
-The model has the lesson-08 sizes (helpers.scale.lesson08_config, max_len 512) and the date
-task's vocabularies, but random weights: speed and equality of the outputs do not depend on
-training. So that every run produces exactly the requested number of tokens, the bias of the
-end-of-sequence logit is set to -1e4 (it can never be the argmax). Both decoders run on the same
-source and must return identical ids before anything is timed.
+The model has lesson 08's sizes (``TransformerConfig.dates``, max_len 512) and the date task's
+vocabularies, but random weights: speed and equality of the outputs do not depend on training.
+So that every run produces exactly the requested number of tokens, the bias of the
+end-of-sequence logit is set to -1e4 (it can never be the argmax). The decoders run on the same
+source and must return identical ids before anything is timed. On CUDA the cached decoder runs
+twice: replaying its step as a CUDA graph (the default there) and without the graph.
 
-    python benchmarks/bench_kv_cache.py                  # 256 tokens, batch 1
-    python benchmarks/bench_kv_cache.py --quick          # 32 tokens
-    python benchmarks/bench_kv_cache.py --new-tokens 128 --batch 8 --dtype bf16
+A second table times one cached step at batch 1 against the model width d_model: while the
+matrices are small, the time per step hardly depends on the width (the step is bound by the
+fixed cost of launching a few dozen small operations), until the arithmetic takes over.
+
+    python benchmarks/bench_kv_cache.py                  # 256 tokens, batch 1 and 64, width sweep
+    python benchmarks/bench_kv_cache.py --quick          # 32 tokens, batch 1 and 4
+    python benchmarks/bench_kv_cache.py --new-tokens 128 --batches 8 --dtype bf16
 """
 
 from __future__ import annotations
@@ -25,80 +30,129 @@ from common import (
     fmt_ms,
     fmt_ratio,
     markdown_table,
+    measure_contestants,
     start,
-    time_side_by_side,
     write_results,
 )
 
 from helpers.data import char_vocabs, load_dates
-from helpers.device import peak_memory
-from helpers.scale import greedy_decode_cached, lesson08_config
-from helpers.transformer import Transformer, greedy_decode
+from helpers.scale import greedy_decode_cached
+from helpers.transformer import Transformer, TransformerConfig, greedy_decode
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-def build(args, device):
-    """The random-weight lesson-08 model, a batch of real date strings, and the special ids."""
+def build(args, device, batch, **sizes):
+    """The random-weight lesson-08 model (sizes overridable), a batch of real date strings, the special ids."""
     pairs = load_dates("train", data_dir=DATA)
     src_vocab, tgt_vocab = char_vocabs(pairs)
     torch.manual_seed(args.seed)
-    config = lesson08_config(len(src_vocab), len(tgt_vocab), max_len=512)
+    config = TransformerConfig.dates(len(src_vocab), len(tgt_vocab), **sizes)
     model = Transformer(config)
     with torch.no_grad():
         model.generator.bias[tgt_vocab.eos_id] = -1e4  # never stop early: exactly new_tokens tokens
     model = model.to(device=device, dtype=DTYPES[args.dtype]).eval()
-    texts = [source for source, _ in load_dates("test", data_dir=DATA)[: args.batch]]
+    test = [source for source, _ in load_dates("test", data_dir=DATA)]
+    texts = [test[i % len(test)] for i in range(batch)]
     src = src_vocab.batch(texts).to(device)  # (B, S)
     return model, src, tgt_vocab.bos_id, tgt_vocab.eos_id, config
 
 
-def run(args, device) -> dict:
-    model, src, bos, eos, config = build(args, device)
-    max_len = args.new_tokens + 1  # BOS + the generated tokens
+def decoders(model, src, bos, eos, max_len, device) -> dict:
     fns = {"uncached": lambda: greedy_decode(model, src, bos, eos, max_len),
            "cached": lambda: greedy_decode_cached(model, src, bos, eos, max_len)}
+    if device.type == "cuda":
+        fns["cached_no_graph"] = lambda: greedy_decode_cached(model, src, bos, eos, max_len, cuda_graph=False)
+    return fns
+
+
+def compare(args, device, batch) -> dict:
+    model, src, bos, eos, config = build(args, device, batch)
+    max_len = args.new_tokens + 1  # BOS + the generated tokens
+    fns = decoders(model, src, bos, eos, max_len, device)
     outputs = {name: fn() for name, fn in fns.items()}
-    if outputs["uncached"].shape != (src.shape[0], max_len):
+    if outputs["uncached"].shape != (batch, max_len):
         raise AssertionError(f"expected {max_len} ids per row, got shape {tuple(outputs['uncached'].shape)}")
-    if not torch.equal(outputs["uncached"], outputs["cached"]):
-        raise AssertionError("the cached decoder's ids differ from greedy_decode's")
-    t = time_side_by_side(fns, device, repeats=args.repeats, warmup=args.warmup, min_block_s=0.0)
-    mem = {name: peak_memory(fn, device=device) for name, fn in fns.items()}
-    result = dict(config={k: getattr(config, k) for k in config.__dataclass_fields__}, batch=src.shape[0],
-                  src_len=src.shape[1], new_tokens=args.new_tokens, dtype=args.dtype, identical_outputs=True,
-                  timings=t, peak_bytes=mem,
-                  uncached_s=t["uncached"]["median_s"], cached_s=t["cached"]["median_s"])
-    result["speedup"] = result["uncached_s"] / result["cached_s"]
-    result["tokens_per_s"] = {n: src.shape[0] * args.new_tokens / t[n]["median_s"] for n in fns}
-    return result
+    for name, out in outputs.items():
+        if not torch.equal(out, outputs["uncached"]):
+            raise AssertionError(f"{name}'s ids differ from greedy_decode's")
+    del outputs
+    repeats = args.repeats or (3 if args.quick or batch > 8 else 5)
+    t, mem, skipped = measure_contestants(fns, device, repeats=repeats, warmup=args.warmup, min_block_s=0.0)
+    r = dict(config={k: getattr(config, k) for k in config.__dataclass_fields__}, batch=batch,
+             src_len=src.shape[1], new_tokens=args.new_tokens, dtype=args.dtype, identical_outputs=True,
+             timings=t, peak_bytes=mem, skipped=skipped)
+    r["tokens_per_s"] = {n: batch * args.new_tokens / t[n]["median_s"] for n in t}
+    r["speedup"] = t["uncached"]["median_s"] / t["cached"]["median_s"] if {"uncached", "cached"} <= set(t) else None
+    return r
 
 
-def markdown(r) -> str:
-    c = r["config"]
-    head = (f"## Greedy decoding of {r['new_tokens']} tokens, batch {r['batch']}, source length {r['src_len']}, "
-            f"{r['dtype']}\n\nModel: lesson-08 sizes with random weights (d_model {c['d_model']}, {c['n_heads']} "
-            f"heads, d_ff {c['d_ff']}, {c['n_encoder_layers']}+{c['n_decoder_layers']} layers, max_len "
-            f"{c['max_len']}); end-of-sequence disabled so that both produce exactly {r['new_tokens']} tokens; "
-            "outputs identical.\n\n")
-    table = markdown_table(
-        ["decoder", "median s", "min s", "max s", "runs", "tokens/s", "peak MiB"],
-        [[name, f"{r['timings'][name]['median_s']:.3f}", f"{r['timings'][name]['min_s']:.3f}",
-          f"{r['timings'][name]['max_s']:.3f}", r["timings"][name]["blocks"], f"{r['tokens_per_s'][name]:.1f}",
-          f"{r['peak_bytes'][name] / 2**20:.1f}"] for name in ("uncached", "cached")])
-    return (head + table + f"\n\nSpeed-up of the KV cache (median uncached / median cached): "
-            f"**{fmt_ratio(r['speedup'])}** ({fmt_ms(r['uncached_s'])} ms vs {fmt_ms(r['cached_s'])} ms).")
+def width_sweep(args, device) -> list[dict]:
+    """Median seconds per cached step at batch 1 against d_model (4 heads, d_ff = 2 * d_model)."""
+    rows = []
+    steps = min(args.new_tokens, 64)
+    for width in args.widths:
+        model, src, bos, eos, config = build(args, device, 1, d_model=width, d_ff=2 * width)
+        fns = {"cached": lambda m=model, s=src, b=bos, e=eos: greedy_decode_cached(m, s, b, e, steps + 1)}
+        t, _, skipped = measure_contestants(fns, device, repeats=args.repeats or 5, warmup=1, min_block_s=0.0)
+        if "cached" not in t:
+            rows.append(dict(d_model=width, skipped=skipped))
+            continue
+        per_step = t["cached"]["median_s"] / steps
+        # multiply-adds of one step: every decoder weight once (the memory's keys/values are precomputed)
+        # plus attention over the cache and the source; 2 FLOPs each
+        dec_params = sum(p.numel() for p in model.decoder.layers.parameters()) + model.generator.weight.numel()
+        flops = 2 * dec_params
+        rows.append(dict(d_model=width, step_s=per_step, steps=steps, flops_per_step=flops,
+                         gflops=flops / per_step / 1e9, timing=t["cached"]))
+        print(f"d_model {width:5}: {per_step * 1e6:9.1f} us per step, {flops / 1e6:8.2f} MFLOP, "
+              f"{flops / per_step / 1e9:7.2f} GFLOP/s", flush=True)
+    return rows
+
+
+def markdown(results, widths) -> str:
+    parts = []
+    for r in results:
+        c = r["config"]
+        parts.append(
+            f"## Greedy decoding of {r['new_tokens']} tokens, batch {r['batch']}, source length {r['src_len']}, "
+            f"{r['dtype']}\n\nModel: lesson-08 sizes with random weights (d_model {c['d_model']}, "
+            f"{c['n_heads']} heads, d_ff {c['d_ff']}, {c['n_encoder_layers']}+{c['n_decoder_layers']} layers, "
+            f"max_len {c['max_len']}); end-of-sequence disabled so that all produce exactly {r['new_tokens']} "
+            "tokens; outputs identical.\n")
+        parts.append(markdown_table(
+            ["decoder", "median s", "min s", "max s", "runs", "tokens/s", "peak MiB"],
+            [[name, f"{tm['median_s']:.3f}", f"{tm['min_s']:.3f}", f"{tm['max_s']:.3f}", tm["blocks"],
+              f"{r['tokens_per_s'][name]:.1f}", f"{r['peak_bytes'][name] / 2**20:.1f}"]
+             for name, tm in r["timings"].items()]))
+        if r["speedup"]:
+            parts.append(f"\nSpeed-up of the KV cache (median uncached / median cached): "
+                         f"**{fmt_ratio(r['speedup'])}** ({fmt_ms(r['timings']['uncached']['median_s'])} ms vs "
+                         f"{fmt_ms(r['timings']['cached']['median_s'])} ms).\n")
+        for name, why in r["skipped"].items():
+            parts.append(f"\n{name} skipped: {why}\n")
+    if widths:
+        parts.append("## Time per cached step against the model width, batch 1\n\nd_model varies (4 heads, "
+                     "d_ff = 2 d_model, 2+2 layers); MFLOP counts 2 per weight of the decoder layers and the "
+                     "output layer (what one step multiplies by).\n")
+        parts.append(markdown_table(
+            ["d_model", "us per step", "MFLOP per step", "GFLOP/s"],
+            [[w["d_model"], f"{w['step_s'] * 1e6:.1f}", f"{w['flops_per_step'] / 1e6:.2f}", f"{w['gflops']:.2f}"]
+             if "step_s" in w else [w["d_model"], "skipped", "-", "-"] for w in widths]))
+    return "\n".join(parts)
 
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batches", type=int, nargs="+", default=None, help="default: 1 and 64 (quick: 1 and 4)")
+    p.add_argument("--widths", type=int, nargs="*", default=None,
+                   help="d_model values of the per-step sweep (default 32 ... 1024; none to skip)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--repeats", type=int, default=None, help="runs of each decoder, interleaved (median)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    add_common_args(p, "32 tokens, 3 runs: a smoke test")
+    add_common_args(p, "32 tokens, batches 1 and 4, 3 runs: a smoke test")
     return p.parse_args(argv)
 
 
@@ -109,14 +163,19 @@ def main(argv=None) -> dict:
         args.new_tokens = min(args.new_tokens, 32)
     if not 1 <= args.new_tokens <= 511:
         raise SystemExit(f"--new-tokens must lie in [1, 511] (max_len 512 holds BOS too), got {args.new_tokens}")
-    args.repeats = args.repeats or (3 if args.quick else 5)
+    args.batches = args.batches or ([1, 4] if args.quick else [1, 64])
+    if args.widths is None:
+        args.widths = [32, 64, 128] if args.quick else [32, 64, 128, 256, 512, 1024]
     env = environment(device)
     print(f"KV-cache benchmark on {env['device_name']} ({device}), torch {env['torch']}", flush=True)
-    result = run(args, device)
-    print(markdown(result))
-    payload = dict(benchmark="kv_cache", environment=env, settings=vars(args), result=result)
+    results = [compare(args, device, b) for b in args.batches]
+    print(markdown(results, []), flush=True)
+    widths = width_sweep(args, device) if args.widths else []
+    body = markdown(results, widths)
+    print(body)
+    payload = dict(benchmark="kv_cache", environment=env, settings=vars(args), results=results, widths=widths)
     if not args.no_write:
-        for path in write_results("kv_cache", device, payload, markdown(result), args.tag):
+        for path in write_results("kv_cache", device, payload, body, args.tag):
             print("wrote", path)
     return payload
 

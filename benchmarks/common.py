@@ -11,6 +11,7 @@ measures only how long it took to queue them).
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import platform
@@ -18,9 +19,10 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from helpers.device import get_device, synchronize
+from helpers.device import get_device, peak_memory, synchronize
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -161,3 +163,91 @@ def write_results(name: str, device: torch.device, payload: dict, markdown_body:
     json_path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
     md_path.write_text(head + markdown_body.rstrip() + "\n")
     return [json_path, md_path]
+
+
+# --- memory: estimates, budgets, and out-of-memory errors that skip instead of crashing -------------------
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` says that an allocation failed (CUDA's OutOfMemoryError, or the CPU allocator's)."""
+    if isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def release_memory(device: torch.device) -> None:
+    """Free what Python no longer uses and, on CUDA, the blocks the caching allocator keeps."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def memory_budget(device: torch.device) -> int:
+    """Bytes one contestant may use now: 90% of the free GPU memory, or 40% of RAM capped by what is available."""
+    release_memory(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(0.9 * free)
+    page = os.sysconf("SC_PAGE_SIZE")
+    total, available = page * os.sysconf("SC_PHYS_PAGES"), page * os.sysconf("SC_AVPHYS_PAGES")
+    return int(min(0.4 * total, 0.8 * available))
+
+
+def fit_peak(sizes, peaks) -> tuple[float, float]:
+    """(c1, c2) >= 0 such that c1 * T + c2 * T**2 fits the measured peak bytes at sizes T (least squares).
+
+    Attention's peak memory grows like T (inputs, outputs, fused kernels) plus T**2 (materialised
+    scores); the fit is measured on the machine, for the dtype and pass at hand, so that it is right
+    wherever the allocator or the kernels differ (bf16 or fp32, forward or forward + backward).
+    """
+    T = np.asarray(sizes, dtype=float)
+    y = np.asarray(peaks, dtype=float)
+    if T.shape != y.shape or len(T) < 2:
+        raise ValueError(f"need at least two sizes with one peak each, got {sizes} and {peaks}")
+    c1, c2 = np.linalg.lstsq(np.stack([T, T**2], axis=1), y, rcond=None)[0]
+    if c2 < 0:  # no quadratic part: fit a line through the origin
+        c1, c2 = float((T @ y) / (T @ T)), 0.0
+    elif c1 < 0:  # no linear part
+        c1, c2 = 0.0, float((T**2 @ y) / (T**2 @ T**2))
+    return float(c1), float(c2)
+
+
+def predict_peak(fit: tuple[float, float], T: int, margin: float = 1.15) -> int:
+    """Estimated peak bytes at size T from ``fit_peak``'s coefficients, with a safety margin."""
+    c1, c2 = fit
+    return int(margin * (c1 * T + c2 * T * T))
+
+
+def measure_contestants(fns: dict, device: torch.device, repeats: int, warmup: int,
+                        min_block_s: float = 0.02) -> tuple[dict, dict, dict]:
+    """Peak memory of each contestant alone, then their times side by side; out of memory means skipped.
+
+    Returns (timings, peak_bytes, skipped) with skipped = {name: reason}. Each contestant first runs
+    once alone (its peak-memory measurement); one that runs out of memory is recorded as skipped and
+    the others go on. If memory still runs out while timing, the contestant with the largest peak
+    is dropped and the timing starts again.
+    """
+    fns, peaks, skipped = dict(fns), {}, {}
+    for name in list(fns):
+        try:
+            peaks[name] = peak_memory(fns[name], device=device)
+        except Exception as err:  # noqa: BLE001  (only out-of-memory errors are caught; the rest re-raised)
+            if not is_out_of_memory(err):
+                raise
+            skipped[name] = "out of memory: " + str(err).split("\n")[0][:160]
+            del fns[name]
+        release_memory(device)
+    while fns:
+        try:
+            return time_side_by_side(fns, device, repeats=repeats, warmup=warmup, min_block_s=min_block_s), \
+                peaks, skipped
+        except Exception as err:  # noqa: BLE001
+            if not is_out_of_memory(err):
+                raise
+            worst = max(fns, key=lambda n: peaks[n])
+            skipped[worst] = "out of memory while timing: " + str(err).split("\n")[0][:160]
+            del fns[worst], peaks[worst]
+            release_memory(device)
+    return {}, peaks, skipped

@@ -144,3 +144,28 @@ def _quiet_stderr():
     finally:
         os.dup2(saved, fd)
         os.close(saved)
+
+
+# How many threads the lessons' small models train with on the CPU. Measured on a 2-core machine
+# (benchmarks/results/threads_cpu*.md): a lesson-08-sized training step is no faster with 2 threads
+# than with 1 when the machine is idle, and several times slower when another process is busy,
+# because each of the model's many small operations waits for the thread that the scheduler parked.
+SMALL_MODEL_THREADS = 1
+
+
+@contextmanager
+def cpu_threads(n: int = SMALL_MODEL_THREADS):
+    """Run the block with torch using n CPU threads (default 1, for small models), then restore (lesson 00).
+
+    Small models (lessons 02-08) spend their time in many small operations, where a second thread
+    adds waiting, not speed; a large matrix product is where more threads pay. GPU work is
+    unaffected. Usage: ``with cpu_threads(): train(...)``.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise ValueError(f"n (CPU threads) must be a positive int, got {n!r}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield before
+    finally:
+        torch.set_num_threads(before)

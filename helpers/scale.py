@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from contextlib import contextmanager
 
@@ -131,19 +132,18 @@ def dilated_mask(T: int, window: int, dilation: int, device=None) -> torch.Tenso
     return (distance >= 0) & (distance % dilation == 0) & (distance < window * dilation)  # (T, T)
 
 
-# The sizes lesson 08 trains its date translator with (its section 5). Lesson 09 and benchmarks/
-# time decoding at these sizes with random weights: the speed of a forward pass does not depend on
-# the weights. Keep the two in step when lesson 08 changes.
-LESSON08_SIZES = dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
-                      norm_first=True)
-
-
 def lesson08_config(src_vocab_size: int, tgt_vocab_size: int, max_len: int = 512) -> TransformerConfig:
-    """TransformerConfig with lesson 08's sizes and a longer max_len, for long generations (lesson 09)."""
-    return TransformerConfig(src_vocab_size, tgt_vocab_size, max_len=max_len, **LESSON08_SIZES)
+    """``TransformerConfig.dates(...)``, lesson 08's sizes, under the name lesson 09 uses (lesson 09)."""
+    return TransformerConfig.dates(src_vocab_size, tgt_vocab_size, max_len=max_len)
 
 
 # --- greedy decoding with a KV cache -----------------------------------------------------------------
+#
+# One decoding step must have the same shapes at every step, so that a GPU can replay it as a
+# recorded CUDA graph (one launch for the step's few dozen kernels) and the host never has to
+# wait for the device: the cache is preallocated at its full length, the position to write is a
+# tensor on the device, and the new query attends to all max_len slots with a mask that keeps
+# the slots filled so far. On the CPU the same step runs as plain Python.
 
 
 def _split_heads(mha, x: torch.Tensor) -> torch.Tensor:
@@ -160,9 +160,11 @@ def _attend(mha, x, k, v, mask):
 
 
 class KVCache:
-    """Keys and values of every decoder layer, grown by one position per decoding step (lesson 09).
+    """Keys and values of every decoder layer, preallocated for max_len positions (lesson 09).
 
-    Self-attention: ``k[i]``, ``v[i]`` of shape (B, H, max_len, D), filled up to ``length``.
+    Self-attention: ``k[i]``, ``v[i]`` of shape (B, H, max_len, D); ``keep`` (B, max_len) is True
+    where a real (non-pad) token has been stored; ``position`` is a 0-d tensor on the device, the
+    slot the next token goes to; ``length`` counts the stored positions on the host.
     Cross-attention: ``memory_k[i]``, ``memory_v[i]`` of shape (B, H, S, D), projected once from the
     encoder's memory, since the memory does not change while decoding.
     """
@@ -170,6 +172,7 @@ class KVCache:
     def __init__(self, model, memory: torch.Tensor, max_len: int):
         B = memory.shape[0]
         self.layers = model.decoder.layers
+        self.pad_id = model.config.pad_id
         H, D = self.layers[0].self_attn.n_heads, self.layers[0].self_attn.head_dim
         self.k = [memory.new_zeros(B, H, max_len, D) for _ in self.layers]  # (B, H, max_len, D) each
         self.v = [memory.new_zeros(B, H, max_len, D) for _ in self.layers]
@@ -177,23 +180,25 @@ class KVCache:
                          for layer in self.layers]
         self.memory_v = [_split_heads(layer.cross_attn, layer.cross_attn.w_v(memory))  # (B, H, S, D)
                          for layer in self.layers]
-        self.length = 0  # positions stored so far
+        self.keep = torch.zeros(B, max_len, dtype=torch.bool, device=memory.device)  # (B, max_len)
+        self.position = torch.zeros((), dtype=torch.long, device=memory.device)  # next slot, on the device
+        self.length = 0  # positions stored so far, counted on the host (no device read needed)
         self.max_len = max_len
 
     def append(self, i: int, h: torch.Tensor):
-        """Store the keys/values of the new position h (B, 1, C) in layer i; return those of every position."""
+        """Store the keys/values of the new position h (B, 1, C) in layer i; return all slots of that layer."""
         if self.length >= self.max_len:
             raise ValueError(f"the cache holds max_len={self.max_len} positions and is full")
-        mha, t = self.layers[i].self_attn, self.length
-        self.k[i][:, :, t:t + 1] = _split_heads(mha, mha.w_k(h))  # (B, 1, C) -> (B, H, 1, D)
-        self.v[i][:, :, t:t + 1] = _split_heads(mha, mha.w_v(h))  # (B, H, 1, D)
-        return self.k[i][:, :, :t + 1], self.v[i][:, :, :t + 1]  # (B, H, t + 1, D) each
+        mha, slot = self.layers[i].self_attn, self.position.view(1)
+        self.k[i].index_copy_(2, slot, _split_heads(mha, mha.w_k(h)))  # (B, 1, C) -> (B, H, 1, D) at the slot
+        self.v[i].index_copy_(2, slot, _split_heads(mha, mha.w_v(h)))
+        return self.k[i], self.v[i]  # (B, H, max_len, D) each; the mask hides the slots not filled yet
 
 
 def _layer_step(layer, i: int, x, cache: KVCache, self_mask, memory_mask):
     """DecoderLayer.forward for the newest position x (B, 1, C) only; eval mode, so no dropout."""
     def self_block(h):
-        k, v = cache.append(i, h)  # (B, H, t + 1, D) each
+        k, v = cache.append(i, h)  # (B, H, max_len, D) each
         return _attend(layer.self_attn, h, k, v, self_mask)  # (B, 1, C)
 
     def cross_block(h):
@@ -208,29 +213,90 @@ def _layer_step(layer, i: int, x, cache: KVCache, self_mask, memory_mask):
     return layer.norm3(x + layer.ff(x))  # (B, 1, C)
 
 
-def decode_step(model, cache: KVCache, token: torch.Tensor, self_mask, memory_mask) -> torch.Tensor:
+def decode_step(model, cache: KVCache, token: torch.Tensor, memory_mask=None) -> torch.Tensor:
     """Logits (B, V) of the next token, given only the newest token (B, 1) and the cache (lesson 09).
 
-    ``self_mask`` (B, 1, 1, t + 1) says which of the t + 1 positions so far are real tokens and
-    ``memory_mask`` (B, 1, 1, S) which source positions are (None: all). Advances ``cache.length``.
+    The token goes to slot ``cache.position``; its query attends to the slots filled so far that
+    hold real tokens (``cache.keep``). ``memory_mask`` (B, 1, 1, S) says which source positions
+    are real (None: all). Advances the cache by one position. Never reads a value back from the
+    device, and every tensor has the same shape at every step (a CUDA graph can replay it).
     """
     decoder = model.decoder
-    x = decoder.embed_tokens(token, offset=cache.length)  # (B, 1) -> (B, 1, C)
+    slot = cache.position.view(1)
+    cache.keep.index_copy_(1, slot, token != cache.pad_id)  # (B, 1) into column `slot` of (B, max_len)
+    self_mask = cache.keep[:, None, None, :]  # (B, 1, 1, max_len): filled slots holding real tokens
+    # decoder.embed_tokens(token, offset=position), with the offset read on the device
+    x = decoder.embed(token) * math.sqrt(model.config.d_model)  # (B, 1) -> (B, 1, C)
+    x = x + decoder.pos.pe.index_select(0, slot).to(x.dtype)  # + PE[position] (1, C) -> (B, 1, C)
     for i, layer in enumerate(decoder.layers):
         x = _layer_step(layer, i, x, cache, self_mask, memory_mask)  # (B, 1, C)
+    cache.position.add_(1)
     cache.length += 1
     return model.generator(decoder.norm(x))[:, -1]  # (B, 1, C) -> (B, V)
 
 
+def _greedy_step(model, cache: KVCache, ys, token, done, memory_mask, eos_id: int):
+    """The whole one-token step of greedy decoding as a function of preallocated tensors only.
+
+    Reads the newest token from ``token`` (B, 1), writes the next one into ``token`` and into
+    column ``cache.position`` of ``ys`` (B, max_len), and updates ``done`` (B,): all in place, so
+    that a CUDA graph recorded from one call replays every later step.
+    """
+    pad_id = model.config.pad_id
+
+    def step():
+        next_id = decode_step(model, cache, token, memory_mask).argmax(dim=-1)  # (B, V) -> (B,)
+        next_id = next_id.masked_fill(done, pad_id)  # finished rows get pad, as in greedy_decode
+        ys.index_copy_(1, cache.position.view(1), next_id[:, None])  # position has advanced: column t + 1
+        done.logical_or_(next_id == eos_id)
+        token.copy_(next_id[:, None])
+    return step
+
+
+def _graphed(step, device, warmup: int = 2):
+    """(first, then): ``first`` runs ``warmup`` steps eagerly, ``then`` replays one step as a CUDA graph.
+
+    Eager warm-up steps on a side stream come first, as the CUDA graph documentation asks
+    (libraries allocate their workspaces there, not inside the capture); they are real steps.
+    Capturing only records the kernels: the recorded step runs at the first replay.
+    """
+    graph = torch.cuda.CUDAGraph()
+
+    def first(n: int) -> int:
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(min(n, warmup)):
+                step()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        with torch.cuda.graph(graph):
+            step()
+        return min(n, warmup)
+
+    return first, graph.replay
+
+
 @torch.no_grad()
-def greedy_decode_cached(model, src: torch.Tensor, bos_id: int, eos_id: int, max_len: int) -> torch.Tensor:
+def greedy_decode_cached(model, src: torch.Tensor, bos_id: int, eos_id: int, max_len: int,
+                         cuda_graph: bool | None = None, check_every: int = 16) -> torch.Tensor:
     """helpers.transformer.greedy_decode with a KV cache: the same ids, one new position per step (lesson 09).
 
     Each step runs the decoder on the newest token only; keys and values of the earlier positions
-    come from the cache and the cross-attention's keys and values of the memory are projected
-    once. Returns (B, L) ids laid out exactly as greedy_decode's.
+    come from the cache, and the cross-attention's keys and values of the memory are projected
+    once. The arguments are checked once; the step never waits for the device; whether every row
+    has finished is read every ``check_every`` steps, and the steps after that only write pads,
+    which are cut off. On CUDA (``cuda_graph`` None or True) the step is recorded once as a CUDA
+    graph and replayed; elsewhere the same step runs eagerly. Returns (B, L) ids laid out
+    exactly as greedy_decode's.
     """
     _check_decode_args(model, src, bos_id, eos_id, max_len)
+    if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every <= 0:
+        raise ValueError(f"check_every must be a positive int, got {check_every!r}")
+    device = src.device
+    if cuda_graph is None:
+        cuda_graph = device.type == "cuda"
+    if cuda_graph and device.type != "cuda":
+        raise ValueError(f"cuda_graph=True needs a CUDA device, got src on {device}")
     pad_id = model.config.pad_id
     was_training = model.training
     model.eval()
@@ -239,20 +305,26 @@ def greedy_decode_cached(model, src: torch.Tensor, bos_id: int, eos_id: int, max
         B = src.shape[0]
         cache = KVCache(model, memory, max_len)
         # A mask that keeps everything changes nothing but costs time at every step: drop it.
-        memory_mask = None if bool(src_mask.all()) else src_mask  # (B, 1, 1, S) or None
-        ys = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
-        done = torch.zeros(B, dtype=torch.bool, device=src.device)  # (B,)
-        has_pad = False  # greedy_decode hides target pads from self-attention, so must we
-        for _ in range(max_len - 1):
-            self_mask = (ys != pad_id)[:, None, None, :] if has_pad else None  # (B, t) -> (B, 1, 1, t)
-            logits = decode_step(model, cache, ys[:, -1:], self_mask, memory_mask)  # (B, V)
-            next_id = logits.argmax(dim=-1)  # (B,)
-            next_id = torch.where(done, torch.full_like(next_id, pad_id), next_id)  # (B,)
-            ys = torch.cat([ys, next_id[:, None]], dim=1)  # (B, t) -> (B, t + 1)
-            has_pad = has_pad or bool((next_id == pad_id).any())
-            done |= next_id == eos_id
-            if done.all():
+        memory_mask = None if bool(src_mask.all()) else src_mask  # (B, 1, 1, S) or None; read once
+        ys = torch.full((B, max_len), pad_id, dtype=torch.long, device=device)  # (B, max_len)
+        ys[:, 0] = bos_id
+        token = ys[:, :1].clone()  # (B, 1): the newest token, an input buffer of the step
+        done = torch.zeros(B, dtype=torch.bool, device=device)  # (B,)
+        step = _greedy_step(model, cache, ys, token, done, memory_mask, eos_id)
+        n_steps, ran = max_len - 1, 0
+        if cuda_graph and n_steps > 2:  # two eager warm-up steps, then the graph
+            first, step = _graphed(step, device, warmup=2)
+            ran = first(n_steps)
+        while ran < n_steps:
+            step()
+            ran += 1
+            if ran % check_every == 0 and bool(done.all()):  # the only read from the device in the loop
                 break
-        return ys
+        # greedy_decode stops after the step at which the last row finished: cut there
+        body = ys[:, 1:ran + 1]  # (B, ran)
+        finished = (body == eos_id).any(dim=1)  # (B,)
+        first_eos = (body == eos_id).int().argmax(dim=1)  # (B,): column of the first eos (0 if none)
+        L = 1 + int(torch.where(finished, first_eos + 1, torch.full_like(first_eos, ran)).max())
+        return ys[:, :L]
     finally:
         model.train(was_training)

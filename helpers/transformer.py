@@ -102,6 +102,17 @@ class TransformerConfig:
                      dropout=0.1, norm_first=False)
         return replace(cls(src_vocab_size, tgt_vocab_size, **sizes), **overrides)
 
+    @classmethod
+    def dates(cls, src_vocab_size: int, tgt_vocab_size: int, **overrides) -> TransformerConfig:
+        """Lesson 08's date translator: d_model 64, 4 heads, d_ff 128, 2 + 2 layers, Pre-LN (lesson 08).
+
+        The one source of these sizes: lesson 08 trains with them, lesson 09 and benchmarks/ time
+        decoding with them. max_len 512 leaves room for long generations.
+        """
+        sizes = dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2, n_decoder_layers=2,
+                     dropout=0.0, max_len=512, norm_first=True)
+        return replace(cls(src_vocab_size, tgt_vocab_size, **sizes), **overrides)
+
 
 # --- the blocks --------------------------------------------------------------------------------
 
@@ -355,12 +366,31 @@ def _check_decode_args(model, src, bos_id, eos_id, max_len):
                          f"{cfg.max_len}], got {max_len!r}")
 
 
+def _next_logits(model: Transformer, ys: torch.Tensor, memory: torch.Tensor, src_mask) -> torch.Tensor:
+    """Logits (B, V) of the token after ys (B, t): ``model.decode(ys, memory, src_mask)[:, -1]``.
+
+    The same arithmetic as ``Transformer.decode`` without its token-id checks: the decoders check
+    their input once, and a check inside the loop would make the host wait for the device at
+    every step (``bad.any()``). A subclass that defines its own ``decode`` gets that one.
+    """
+    if type(model).decode is not Transformer.decode:
+        return model.decode(ys, memory, src_mask)[:, -1]
+    decoder = model.decoder
+    # position t sees the earlier non-pad tokens: (t, t) & (B, 1, 1, t) -> (B, 1, t, t)
+    tgt_mask = causal_mask(ys.shape[1], device=ys.device) & _key_padding_mask(ys, model.config.pad_id)
+    x = decoder.embed_tokens(ys)  # (B, t, C)
+    for layer in decoder.layers:
+        x = layer(x, memory, tgt_mask, src_mask)  # (B, t, C)
+    return model.generator(decoder.norm(x))[:, -1]  # (B, t, V) -> (B, V)
+
+
 @torch.no_grad()
 def greedy_decode(model: Transformer, src: torch.Tensor, bos_id: int, eos_id: int, max_len: int) -> torch.Tensor:
     """Pick the most likely next token until every row has produced eos_id (lesson 08).
 
     Returns (B, L) ids with L <= max_len: column 0 is bos_id, and every position after a row's
     eos_id holds pad_id. The model runs in eval mode (no dropout) and its mode is restored after.
+    The arguments are checked once, before the loop.
     """
     _check_decode_args(model, src, bos_id, eos_id, max_len)
     was_training = model.training
@@ -371,9 +401,8 @@ def greedy_decode(model: Transformer, src: torch.Tensor, bos_id: int, eos_id: in
         ys = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
         done = torch.zeros(B, dtype=torch.bool, device=src.device)  # (B,)
         for _ in range(max_len - 1):
-            logits = model.decode(ys, memory, src_mask)[:, -1]  # (B, V): only the last position is new
-            next_id = logits.argmax(dim=-1)  # (B,)
-            next_id = torch.where(done, torch.full_like(next_id, model.config.pad_id), next_id)  # (B,)
+            next_id = _next_logits(model, ys, memory, src_mask).argmax(dim=-1)  # (B, V) -> (B,)
+            next_id = next_id.masked_fill(done, model.config.pad_id)  # finished rows get pad
             ys = torch.cat([ys, next_id[:, None]], dim=1)  # (B, t) -> (B, t + 1)
             done |= next_id == eos_id
             if done.all():
@@ -383,80 +412,68 @@ def greedy_decode(model: Transformer, src: torch.Tensor, bos_id: int, eos_id: in
         model.train(was_training)
 
 
-def _length_penalty(length: int, alpha: float) -> float:
-    """((5 + |Y|) / 6) ** alpha, the length normalisation of Wu et al. 2016, Eq. 14."""
+def _length_penalty(length, alpha: float):
+    """((5 + |Y|) / 6) ** alpha, the length normalisation of Wu et al. 2016, Eq. 14 (numbers or tensors)."""
     return ((5.0 + length) / 6.0) ** alpha
 
 
 @torch.no_grad()
 def beam_search(model: Transformer, src: torch.Tensor, bos_id: int, eos_id: int, max_len: int,
                 beam_size: int = 4, length_penalty: float = 0.6) -> torch.Tensor:
-    """Keep the beam_size best prefixes at every step; return the best finished one per example (lesson 08).
+    """Keep the beam_size most likely prefixes at every step; return the best one per example (lesson 08).
 
-    Defaults are the 2017 paper's (section 6.1: beam size 4, length penalty alpha = 0.6). A hypothesis
-    Y is scored by log P(Y | src) / ((5 + |Y|) / 6) ** alpha, |Y| counting the tokens after BOS. The
-    examples of the batch are searched one at a time (the beams of one example form a batch); an
-    example stops at max_len or as soon as no live beam can beat the best hypothesis ended by eos_id.
+    The algorithm, for a batch at once (the k = beam_size beams of B sources are B * k decoder rows):
+    1. One live beam <s> with log-probability 0 per source; the other k - 1 slots start at -inf.
+    2. Each step extends every beam by every token, adding log P(token | prefix, src) to its score,
+       and keeps the k best of the k * V candidates. A beam that has produced eos_id may only
+       continue with pad_id, at no cost: it keeps its slot and its score.
+    3. Stop when every beam has finished, or after max_len - 1 steps.
+    4. Of each source's k beams, return the one with the best length-normalised score
+       log P(Y | src) / ((5 + |Y|) / 6) ** alpha (Wu et al. 2016), |Y| = tokens after <s> up to
+       and including eos_id (all of them for a beam cut off at max_len).
+    Defaults are the 2017 paper's (section 6.1: k = 4, alpha = 0.6). beam_size=1 is greedy decoding.
     Returns (B, L) ids laid out like ``greedy_decode``'s: BOS first, pad_id after eos_id.
-    beam_size=1 gives greedy's output (up to ties between equal logits).
     """
     _check_decode_args(model, src, bos_id, eos_id, max_len)
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size <= 0:
         raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
-    if length_penalty < 0:
-        raise ValueError(f"length_penalty (alpha) must be >= 0, got {length_penalty!r}")
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or length_penalty < 0:
+        raise ValueError(f"length_penalty (alpha) must be a number >= 0, got {length_penalty!r}")
     was_training = model.training
     model.eval()
     try:
-        best = [_beam_one(model, src[b:b + 1], bos_id, eos_id, max_len, beam_size, length_penalty)
-                for b in range(src.shape[0])]
+        return _beam_search(model, src, bos_id, eos_id, max_len, beam_size, float(length_penalty))
     finally:
         model.train(was_training)
-    L = max(len(ids) for ids in best)
-    out = torch.full((len(best), L), model.config.pad_id, dtype=torch.long, device=src.device)  # (B, L)
-    for b, ids in enumerate(best):
-        out[b, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-    return out
 
 
-def _beam_one(model, src, bos_id, eos_id, max_len, beam_size, alpha) -> list[int]:
-    """Beam search for one example src (1, S); returns the best hypothesis as a list of ids."""
-    memory, src_mask = model.encode(src)  # (1, S, C), (1, 1, 1, S)
-    beams = torch.full((1, 1), bos_id, dtype=torch.long, device=src.device)  # (k, t), k live beams
-    scores = torch.zeros(1, dtype=torch.float64, device=src.device)  # (k,) summed log-probabilities
-    best_score, best_ids = -math.inf, None  # the best hypothesis that has ended in eos so far
+def _beam_search(model, src, bos_id, eos_id, max_len, k, alpha) -> torch.Tensor:
+    B, device, pad_id = src.shape[0], src.device, model.config.pad_id
+    memory, src_mask = model.encode(src)  # (B, S, C), (B, 1, 1, S)
+    memory, src_mask = memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0)  # (B * k, ...)
+    ys = torch.full((B * k, 1), bos_id, dtype=torch.long, device=device)  # (B * k, 1)
+    scores = torch.full((B, k), -math.inf, dtype=torch.float64, device=device)  # (B, k) summed log-probs
+    scores[:, 0] = 0.0  # one live beam per source, or the k beams would be k copies of one
+    done = torch.zeros(B * k, dtype=torch.bool, device=device)  # (B * k,) has produced eos_id
+    lengths = torch.zeros(B * k, dtype=torch.long, device=device)  # (B * k,) tokens after <s>, eos included
+    rows_of = torch.arange(B, device=device)[:, None] * k  # (B, 1): first decoder row of each source
     for _ in range(max_len - 1):
-        k, t = beams.shape
-        logits = model.decode(beams, memory.expand(k, -1, -1), src_mask.expand(k, -1, -1, -1))[:, -1]  # (k, V)
-        logp = torch.log_softmax(logits.double(), dim=-1)  # (k, V)
-        V = logp.shape[-1]
-        total = (scores[:, None] + logp).flatten()  # (k, V) -> (k * V,)
-        # 2 * beam_size candidates, so that beam_size of them can go on even if some end in eos
-        top_scores, top_idx = total.topk(min(2 * beam_size, total.numel()))  # (2k,)
-        keep_rows, keep_scores = [], []
-        for s, i in zip(top_scores.tolist(), top_idx.tolist(), strict=True):
-            row, token = divmod(i, V)
-            ids = beams[row].tolist() + [token]
-            if token == eos_id:
-                normalised = s / _length_penalty(len(ids) - 1, alpha)
-                if normalised > best_score:
-                    best_score, best_ids = normalised, ids
-            else:
-                keep_rows.append(ids)
-                keep_scores.append(s)
-                if len(keep_rows) == beam_size:
-                    break
-        if not keep_rows:
+        log_probs = torch.log_softmax(_next_logits(model, ys, memory, src_mask).double(), dim=-1)  # (B * k, V)
+        V = log_probs.shape[-1]
+        pad_only = torch.full_like(log_probs[0], -math.inf)  # (V,): a finished beam continues with pad, free
+        pad_only[pad_id] = 0.0
+        log_probs = torch.where(done[:, None], pad_only, log_probs)  # (B * k, V)
+        total = (scores[:, :, None] + log_probs.view(B, k, V)).view(B, k * V)  # (B, k, V) -> (B, k * V)
+        scores, flat = total.topk(k, dim=-1)  # (B, k): the k best candidates of each source
+        rows = (rows_of + flat // V).flatten()  # (B * k,): the beam each candidate extends
+        token = (flat % V).flatten()  # (B * k,): with which token
+        ys = torch.cat([ys[rows], token[:, None]], dim=1)  # (B * k, t + 1)
+        lengths = lengths[rows] + (~done[rows]).long()  # a live beam grows by one token
+        done = done[rows] | (token == eos_id)
+        if done.all():
             break
-        beams = torch.tensor(keep_rows, dtype=torch.long, device=src.device)  # (k', t + 1)
-        scores = torch.tensor(keep_scores, dtype=torch.float64, device=src.device)  # (k',)
-        # Stop once no live beam can win: log-probabilities only fall as tokens are added, and the
-        # penalty is largest at the longest length, so max(scores) / lp(max_len - 1) bounds them all.
-        if best_score >= scores.max().item() / _length_penalty(max_len - 1, alpha):
-            break
-    else:  # max_len reached: the live beams compete as they are, unfinished
-        for s, ids in zip(scores.tolist(), beams.tolist(), strict=True):
-            normalised = s / _length_penalty(len(ids) - 1, alpha)
-            if normalised > best_score:
-                best_score, best_ids = normalised, ids
-    return best_ids
+    normalised = scores / _length_penalty(lengths.view(B, k).double(), alpha)  # (B, k)
+    best = normalised.argmax(dim=-1)  # (B,)
+    pick = torch.arange(B, device=device) * k + best  # (B,): the decoder row of each source's best beam
+    width = 1 + int(lengths[pick].max())  # <s> + the longest returned hypothesis; the rest is padding
+    return ys[pick, :width]  # (B, L)

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers.attention import scaled_dot_product_attention
-from helpers.device import peak_memory
+from helpers.device import cpu_threads, peak_memory
 from helpers.masks import causal_mask
 from helpers.scale import (
     KVCache,
@@ -84,7 +84,7 @@ def test_decode_step_logits_equal_full_decoder_at_every_step():
         memory, src_mask = model.encode(src)
         cache = KVCache(model, memory, max_len=ys.shape[1])
         for t in range(ys.shape[1]):
-            step = decode_step(model, cache, ys[:, t:t + 1], (ys[:, :t + 1] != PAD)[:, None, None, :], src_mask)
+            step = decode_step(model, cache, ys[:, t:t + 1], src_mask)
             full = model.decode(ys[:, :t + 1], memory, src_mask)[:, -1]  # (B, V)
             assert (step - full).abs().max().item() < 1e-12
     assert cache.length == ys.shape[1]
@@ -226,7 +226,8 @@ def test_peak_memory_of_naive_attention_is_three_score_matrices():
     scores = B * H * T * T * 4
     peak = peak_memory(lambda: scaled_dot_product_attention(q, k, v)[0], device="cpu")
     assert 3 * scores <= peak < 3 * scores + 4 * B * H * T * D * 4
-    fused = peak_memory(F.scaled_dot_product_attention, q, k, v, device="cpu")
+    with cpu_threads(1):  # the blocked CPU kernel keeps one buffer per thread: 16 threads hold more than 1 matrix
+        fused = peak_memory(F.scaled_dot_product_attention, q, k, v, device="cpu")
     assert fused < scores  # the blocked CPU kernel never holds the whole (T, S) matrix
 
 
@@ -270,3 +271,94 @@ def test_importing_scale_has_no_side_effects():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and done.stderr == ""
+
+
+def test_cpu_threads_sets_and_restores_the_thread_count():
+    before = torch.get_num_threads()
+    with cpu_threads(1) as previous:
+        assert torch.get_num_threads() == 1 and previous == before
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError, match="boom"), cpu_threads(1):
+        raise RuntimeError("boom")
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match=r"n \(CPU threads\) must be a positive int, got 0"):
+        with cpu_threads(0):
+            pass
+
+
+# --- the benchmarks' memory estimates and out-of-memory handling ------------------------------------------
+
+def _bench(name):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import importlib
+    return importlib.import_module(name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
+def test_calibrated_peak_estimate_matches_the_measurement(dtype, mode):
+    """The estimate the benchmark skips by is fitted at T = 64..256 and must hold at T = 512."""
+    bench = _bench("bench_attention")
+    common = _bench("common")
+    cpu = torch.device("cpu")
+    with cpu_threads(1):
+        for name, attn in bench.CONTESTANTS.items():
+            fit = bench.calibrate(attn, 1, 2, 16, dtype, cpu, mode)
+            q, k, v = bench.inputs(1, 2, 512, 16, dtype, cpu, mode)
+            measured = peak_memory(bench.make_call(attn, q, k, v, mode), device=cpu)
+            estimate = common.predict_peak(fit, 512, margin=1.0)
+            if name == "naive":  # the (T, T) matrices dominate: the fit must be close
+                assert abs(estimate - measured) <= 0.1 * measured, (name, estimate, measured)
+            assert common.predict_peak(fit, 512) >= 0.9 * measured, (name, estimate, measured)
+
+
+def test_fit_peak_recovers_known_coefficients():
+    common = _bench("common")
+    sizes = [64, 128, 256]
+    assert common.fit_peak(sizes, [3 * T + 5 * T * T for T in sizes]) == pytest.approx((3, 5))
+    assert common.fit_peak(sizes, [7 * T for T in sizes]) == pytest.approx((7, 0), abs=1e-6)
+    with pytest.raises(ValueError, match="at least two sizes"):
+        common.fit_peak([64], [1])
+
+
+def test_out_of_memory_is_recorded_as_a_skip_and_the_run_goes_on(monkeypatch):
+    common = _bench("common")
+    bench = _bench("bench_attention")
+
+    def too_big(q, k, v):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 GiB")
+
+    t, mem, skipped = common.measure_contestants({"big": lambda: too_big(0, 0, 0), "small": lambda: torch.ones(3)},
+                                                 torch.device("cpu"), repeats=1, warmup=0)
+    assert set(t) == set(mem) == {"small"} and "32.00 GiB" in skipped["big"]
+    with pytest.raises(ValueError, match="not memory"):  # other errors are not swallowed
+        common.measure_contestants({"bad": lambda: (_ for _ in ()).throw(ValueError("not memory"))},
+                                   torch.device("cpu"), repeats=1, warmup=0)
+    assert common.is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried ..."))
+    assert not common.is_out_of_memory(RuntimeError("shape mismatch"))
+    # the sweep: naive runs out of memory above the calibration sizes; the row is kept with SDPA alone
+    monkeypatch.setitem(bench.CONTESTANTS, "naive", lambda q, k, v: too_big(q, k, v) if q.shape[-2] > 256
+                        else scaled_dot_product_attention(q, k, v)[0])
+    out = bench.main(["--device", "cpu", "--sizes", "320", "--dtypes", "fp32", "--modes", "fwd",
+                      "--repeats", "1", "--warmup", "0", "--heads", "2", "--no-write"])
+    row = out["sweep"][0]
+    assert row["naive_s"] is None and row["sdpa_s"] > 0 and "out of memory" in row["skipped"]["naive"]
+    assert "naive skipped" in bench.markdown(out["sweep"], [], None)
+
+
+def test_estimated_oversize_is_skipped_before_running(monkeypatch):
+    bench = _bench("bench_attention")
+    monkeypatch.setattr(bench, "memory_budget", lambda device: 10_000)  # 10 kB free: naive at T=64 needs more
+    out = bench.main(["--device", "cpu", "--sizes", "64", "--dtypes", "fp32", "--modes", "fwd",
+                      "--repeats", "1", "--warmup", "0", "--heads", "2", "--no-write"])
+    row = out["sweep"][0]
+    assert row["naive_s"] is None and row["skipped"]["naive"].startswith("estimated peak")
+
+
+def test_kv_cache_benchmark_smoke():
+    bench = _bench("bench_kv_cache")
+    out = bench.main(["--device", "cpu", "--new-tokens", "4", "--batches", "1", "3", "--widths", "32",
+                      "--repeats", "1", "--no-write"])
+    assert [r["batch"] for r in out["results"]] == [1, 3]
+    assert all(r["identical_outputs"] and r["speedup"] > 0 for r in out["results"])
+    assert out["widths"][0]["d_model"] == 32 and out["widths"][0]["step_s"] > 0

@@ -1,0 +1,284 @@
+"""Decoding (lessons 08 and 09): beam search against exhaustive search, greedy, cached greedy, host reads."""
+
+import itertools
+from contextlib import contextmanager
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers.scale import KVCache, _greedy_step, greedy_decode_cached
+from helpers.transformer import Transformer, TransformerConfig, beam_search, greedy_decode
+
+PAD, BOS, EOS = 0, 1, 2
+DT = torch.float64
+
+
+def tiny(seed, tgt_v, src_v=9, **overrides):
+    torch.manual_seed(seed)
+    model = Transformer(TransformerConfig.tiny(src_v, tgt_v, **overrides)).to(DT).eval()
+    with torch.no_grad():  # sharper next-token distributions than the initial ones: ranking matters more
+        model.generator.weight.mul_(4.0)
+    return model
+
+
+def source(seed, B, S, V=9):
+    return torch.randint(3, V, (B, S), generator=torch.Generator().manual_seed(seed))  # (B, S)
+
+
+def penalty(n, alpha):
+    return ((5.0 + n) / 6.0) ** alpha
+
+
+@torch.no_grad()
+def all_hypotheses(model, src, max_len, alpha):
+    """Every output of at most max_len - 1 tokens after BOS, with its length-normalised score.
+
+    Each sequence y of exactly max_len - 1 tokens is scored by teacher forcing (one batched
+    forward); the hypothesis it stands for ends at its first eos (or at max_len - 1 tokens).
+    Returns {hypothesis (tuple, BOS first): normalised score}.
+    """
+    V, n = model.config.tgt_vocab_size, max_len - 1
+    ys = torch.tensor(list(itertools.product(range(V), repeat=n)))  # (N, n)
+    tgt = torch.cat([torch.full((len(ys), 1), BOS), ys[:, :-1]], dim=1)  # (N, n): BOS + all but the last
+    logits = model(src.expand(len(ys), -1), tgt)  # (N, n, V)
+    token_lp = torch.log_softmax(logits.double(), -1).gather(-1, ys[..., None])[..., 0]  # (N, n)
+    cum = token_lp.cumsum(dim=1)  # (N, n): log P of every prefix
+    out = {}
+    for row, lp in zip(ys.tolist(), cum.tolist(), strict=True):
+        length = row.index(EOS) + 1 if EOS in row else n
+        out[(BOS, *row[:length])] = lp[length - 1] / penalty(length, alpha)
+    return out
+
+
+def score_of(hypotheses, ids):
+    """The score of a returned row (BOS first, pads after eos)."""
+    row = ids.tolist()
+    if EOS in row[1:]:
+        row = row[:row.index(EOS, 1) + 1]
+    return hypotheses[tuple(row)]
+
+
+# --- beam search -----------------------------------------------------------------------------------
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), tgt_v=st.integers(3, 5), max_len=st.integers(2, 4),
+       alpha=st.sampled_from([0.0, 0.6, 2.0]), norm_first=st.booleans())
+def test_beam_wider_than_the_search_space_finds_the_best_hypothesis(seed, tgt_v, max_len, alpha, norm_first):
+    """Beam size V ** (max_len - 1) never prunes: beam search becomes exhaustive search."""
+    model = tiny(seed, tgt_v, norm_first=norm_first)
+    src = source(seed, 1, 4)
+    hyps = all_hypotheses(model, src, max_len, alpha)
+    best = max(hyps.values())
+    out = beam_search(model, src, BOS, EOS, max_len, beam_size=tgt_v ** (max_len - 1), length_penalty=alpha)
+    assert out.shape[0] == 1 and out[0, 0] == BOS
+    assert score_of(hyps, out[0]) == pytest.approx(best, abs=1e-9)
+    # so it is never worse than greedy, which is one of the hypotheses
+    greedy = greedy_decode(model, src, BOS, EOS, max_len)
+    assert score_of(hyps, out[0]) >= score_of(hyps, greedy[0]) - 1e-9
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), tgt_v=st.integers(3, 8), B=st.integers(1, 3), max_len=st.integers(2, 10),
+       norm_first=st.booleans(), layers=st.integers(1, 2))
+def test_beam_of_one_is_greedy(seed, tgt_v, B, max_len, norm_first, layers):
+    # small vocabularies make rows emit eos (and pad) at different steps
+    model = tiny(seed, tgt_v, norm_first=norm_first, n_encoder_layers=layers, n_decoder_layers=layers)
+    src = source(seed, B, 5)
+    src[0, 3:] = PAD
+    assert torch.equal(beam_search(model, src, BOS, EOS, max_len, beam_size=1),
+                       greedy_decode(model, src, BOS, EOS, max_len))
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), tgt_v=st.integers(3, 8), k=st.integers(2, 5), alpha=st.sampled_from([0.0, 0.6]))
+def test_beam_search_of_a_batch_is_each_example_alone(seed, tgt_v, k, alpha):
+    model = tiny(seed, tgt_v)
+    src = source(seed, 3, 5)
+    src[1, 4:] = PAD
+    out = beam_search(model, src, BOS, EOS, 8, beam_size=k, length_penalty=alpha)
+    assert (out[:, 0] == BOS).all()
+    for b in range(3):
+        alone = beam_search(model, src[b:b + 1], BOS, EOS, 8, beam_size=k, length_penalty=alpha)[0]
+        assert out[b, :len(alone)].tolist() == alone.tolist()
+        assert (out[b, len(alone):] == PAD).all()
+
+
+class Table(Transformer):
+    """A Transformer whose next-token probabilities are written by hand: prefix -> {token: p}."""
+
+    def __init__(self, table, vocab=8):
+        super().__init__(TransformerConfig.tiny(5, vocab))
+        self.table, self.vocab = table, vocab
+
+    def encode(self, src):
+        return torch.zeros(src.shape[0], 1, 1, dtype=DT), torch.ones(src.shape[0], 1, 1, 1, dtype=torch.bool)
+
+    def decode(self, tgt, memory, src_mask=None):
+        logits = torch.full((tgt.shape[0], tgt.shape[1], self.vocab), -1e9, dtype=DT)  # (B, T, V)
+        for b, row in enumerate(tgt.tolist()):
+            prefix = tuple(t for t in row if t != PAD)
+            for token, p in self.table.get(prefix, {EOS: 1.0}).items():  # unlisted prefixes stop
+                logits[b, -1, token] = torch.log(torch.tensor(p, dtype=DT))
+        return logits
+
+
+A, B_, C, D = 3, 4, 5, 6
+# After <s>, A looks better than B (0.55 > 0.45), but A's continuations are spread over three
+# tokens while B is almost always followed by </s>: P(A C </s>) = 0.55 * 0.36 = 0.198 for greedy,
+# P(B </s>) = 0.45 * 0.9 = 0.405 for a beam of two, which keeps B as its second hypothesis.
+GARDEN_PATH = {(BOS,): {A: 0.55, B_: 0.45},
+               (BOS, A): {C: 0.36, D: 0.34, EOS: 0.30},
+               (BOS, B_): {EOS: 0.9, C: 0.1}}
+
+
+def test_beam_search_beats_greedy_when_the_best_first_token_leads_nowhere():
+    src = torch.tensor([[3]])
+    greedy = greedy_decode(Table(GARDEN_PATH), src, BOS, EOS, 6)[0].tolist()
+    beam = beam_search(Table(GARDEN_PATH), src, BOS, EOS, 6, beam_size=2, length_penalty=0.0)[0].tolist()
+    assert greedy == [BOS, A, C, EOS]  # probability 0.198
+    assert beam == [BOS, B_, EOS]  # probability 0.405, twice as likely
+
+
+# A beam of two can also lose to greedy: after <s>, B's two continuations (0.45 * 0.5 each) beat
+# greedy's A X (0.5 * 0.26), so the greedy path is pruned at step 2, and every path through B then
+# spreads over five tokens and never ends: 0.225 * 0.2 per step, below greedy's 0.13 * 1.0.
+PRUNED = {(BOS,): {A: 0.5, B_: 0.45, EOS: 0.05},
+          (BOS, A): {C: 0.26, D: 0.25, 7: 0.25, EOS: 0.24},
+          (BOS, A, C): {EOS: 1.0},
+          (BOS, B_): {A: 0.5, C: 0.5}}
+for _first in (A, C):
+    PRUNED[(BOS, B_, _first)] = {t: 0.2 for t in (A, B_, C, D, 7)}
+
+
+def test_a_narrow_beam_can_return_a_less_likely_output_than_greedy():
+    src = torch.tensor([[3]])
+    model = Table(PRUNED)
+    greedy = greedy_decode(model, src, BOS, EOS, 4)[0].tolist()
+    beam = beam_search(model, src, BOS, EOS, 4, beam_size=2, length_penalty=0.0)[0].tolist()
+    assert greedy == [BOS, A, C, EOS]  # 0.5 * 0.26 * 1.0 = 0.13
+    assert beam[:2] == [BOS, B_] and EOS not in beam  # 0.45 * 0.5 * 0.2 = 0.045, cut off at max_len
+    wide = beam_search(model, src, BOS, EOS, 4, beam_size=64, length_penalty=0.0)[0].tolist()
+    assert wide == greedy  # a wide enough beam finds the best again
+
+
+# --- greedy with and without the cache: input checked once, no reads from the device in the step --------
+
+@contextmanager
+def count_host_reads():
+    """Count the calls that copy a value from a tensor to Python (a wait for the device on a GPU)."""
+    counts = {"n": 0}
+    saved = {name: getattr(torch.Tensor, name) for name in ("__bool__", "item", "tolist", "nonzero")}
+
+    def counting(original):
+        def wrapper(self, *args, **kwargs):
+            counts["n"] += 1
+            return original(self, *args, **kwargs)
+        return wrapper
+
+    try:
+        for name, original in saved.items():
+            setattr(torch.Tensor, name, counting(original))
+        yield counts
+    finally:
+        for name, original in saved.items():
+            setattr(torch.Tensor, name, original)
+
+
+def never_ending(seed):
+    model = tiny(seed, 9)
+    with torch.no_grad():
+        model.generator.bias[EOS] = -1e4  # no row ever finishes: every call runs max_len - 1 steps
+    return model
+
+
+@pytest.mark.parametrize("decode, most_per_step", [
+    (greedy_decode, 1),  # the stop test `done.all()` after each step, nothing else
+    (lambda *a: beam_search(*a, beam_size=3), 1),
+    (lambda *a: greedy_decode_cached(*a, check_every=16), 0),  # one read per 16 steps
+])
+def test_decoders_read_from_the_device_a_fixed_number_of_times_per_step(decode, most_per_step):
+    """The ids are checked once per call: more steps add no checks (each would read `bad.any()`)."""
+    model, src = never_ending(0), source(0, 2, 6)
+    reads = []
+    for max_len in (4, 36):
+        with count_host_reads() as counts:
+            decode(model, src, BOS, EOS, max_len)
+        reads.append(counts["n"])
+    extra_steps = 36 - 4
+    assert reads[1] - reads[0] <= most_per_step * extra_steps + 2, reads
+
+
+def test_cached_step_reads_nothing_from_the_device():
+    model = never_ending(1)
+    src = source(1, 2, 6)
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        cache = KVCache(model, memory, 10)
+        ys = torch.full((2, 10), PAD)
+        ys[:, 0] = BOS
+        token, done = ys[:, :1].clone(), torch.zeros(2, dtype=torch.bool)
+        step = _greedy_step(model, cache, ys, token, done, src_mask, EOS)
+        with count_host_reads() as counts:
+            for _ in range(9):
+                step()
+    assert counts["n"] == 0
+    assert torch.equal(ys, greedy_decode(model, src, BOS, EOS, 10))
+
+
+def test_cached_greedy_checks_its_arguments():
+    model = never_ending(2)
+    with pytest.raises(ValueError, match="check_every must be a positive int, got 0"):
+        greedy_decode_cached(model, source(2, 1, 4), BOS, EOS, 5, check_every=0)
+    with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA device"):
+        greedy_decode_cached(model, source(2, 1, 4), BOS, EOS, 5, cuda_graph=True)
+    with pytest.raises(ValueError, match=r"src holds token id 99"):
+        greedy_decode_cached(model, torch.tensor([[3, 99]]), BOS, EOS, 5)
+
+
+@pytest.mark.parametrize("check_every", [1, 3, 16])
+def test_cached_greedy_cuts_where_greedy_stops_whatever_the_check_interval(check_every):
+    for seed in range(6):
+        model = tiny(seed, 4)  # 4 target ids: rows finish early, at different steps
+        src = source(seed, 3, 5)
+        expected = greedy_decode(model, src, BOS, EOS, 20)
+        assert torch.equal(greedy_decode_cached(model, src, BOS, EOS, 20, check_every=check_every), expected)
+
+
+# --- CUDA only (skipped on CPU machines) ----------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_graph_decoding_equals_uncached_greedy(dtype):
+    for seed in range(4):
+        model = tiny(seed, 6).to("cuda", dtype)
+        src = source(seed, 3, 7).cuda()
+        src[0, 5:] = PAD
+        expected = greedy_decode(model, src, BOS, EOS, 40)
+        for graph in (True, False):
+            assert torch.equal(greedy_decode_cached(model, src, BOS, EOS, 40, cuda_graph=graph), expected)
+
+
+@cuda
+def test_cuda_step_never_synchronises():
+    model = never_ending(3).to("cuda")
+    src = source(3, 2, 6).cuda()
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        cache = KVCache(model, memory, 10)
+        ys = torch.full((2, 10), PAD, device="cuda")
+        ys[:, 0] = BOS
+        token, done = ys[:, :1].clone(), torch.zeros(2, dtype=torch.bool, device="cuda")
+        step = _greedy_step(model, cache, ys, token, done, src_mask, EOS)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
+        try:
+            for _ in range(9):
+                step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(ys, greedy_decode(model, src, BOS, EOS, 10))
