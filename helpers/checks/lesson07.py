@@ -124,13 +124,14 @@ def check_transformer_params(fn) -> CheckResult:
     return check(name, fn, _transformer_params, cases, bugs=bugs)
 
 
-def _ffn_share(d_model: int = 512, d_ff: int = 2048) -> float:
+def _ffn_share(d_model: int = 512, d_ff: int = 4096) -> float:
     layer = nn.TransformerEncoderLayer(d_model, 8, d_ff, device="meta")
     ffn = sum(p.numel() for m in (layer.linear1, layer.linear2) for p in m.parameters())
     return ffn / sum(p.numel() for p in layer.parameters())
 
 
 def check_predict_ffn_share(predicted) -> CheckResult:
-    """Predict then measure: the share of an encoder layer's parameters in its FFN (lesson 07)."""
+    """Predict then measure: the FFN's share of an encoder layer's parameters at d_model=512, d_ff=4096 (lesson 07)."""
     return check_prediction("predict_ffn_share", predicted, _ffn_share,
-                            "share of the parameters in the feed-forward network", abs_tol=0.05)
+                            "share of the parameters in the feed-forward network (d_ff = 8 d_model)",
+                            abs_tol=0.05)

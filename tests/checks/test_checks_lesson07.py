@@ -80,6 +80,7 @@ def test_deepnorm_rejects_a_changed_module(rejects):
 
 def test_predict_ffn_share(verdict):
     assert not verdict(check_predict_ffn_share, None)[0]
-    ok, line = verdict(check_predict_ffn_share, 2 / 3)
-    assert ok and line.startswith("✓ predict_ffn_share: you predicted 0.6667; the measured")
+    ok, line = verdict(check_predict_ffn_share, 0.8)
+    assert ok and line.startswith("✓ predict_ffn_share: you predicted 0.8; the measured")
+    assert not verdict(check_predict_ffn_share, 2 / 3)[0]  # the base model's share, read off section 8
     assert not verdict(check_predict_ffn_share, 0.5)[0]
