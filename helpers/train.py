@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 
 from helpers._validate import positive_int, require_tensor
+from helpers.device import SMALL_MODEL_THREADS, cpu_threads
 
 
 def _progress(total: int, desc: str):
@@ -23,12 +25,15 @@ def _progress(total: int, desc: str):
 
 
 def train(loss_fn, optimizer, get_batch, steps: int, desc: str = "training",
-          clip_grad_norm: float | None = 1.0, scheduler=None, log_every: int = 1) -> list[float]:
+          clip_grad_norm: float | None = 1.0, scheduler=None, log_every: int = 1,
+          threads: int | None = SMALL_MODEL_THREADS) -> list[float]:
     """Run ``steps`` optimiser steps of ``loss_fn(get_batch(step))``; return the loss history (lesson 01).
 
     ``loss_fn(batch)`` computes a scalar loss with the model in train mode (the caller's closure);
     ``get_batch(step)`` returns the batch for that step. Gradients are clipped to
-    ``clip_grad_norm`` (None: no clipping). Returns one float per step.
+    ``clip_grad_norm`` (None: no clipping). ``threads``: torch's CPU threads while training, restored
+    afterwards; the default 1 is the course's policy for its small models (``helpers.device.cpu_threads``),
+    None keeps torch's setting. Returns one float per step.
     """
     steps, log_every = positive_int(steps, "steps"), positive_int(log_every, "log_every")
     if clip_grad_norm is not None and (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, (int, float))
@@ -36,7 +41,7 @@ def train(loss_fn, optimizer, get_batch, steps: int, desc: str = "training",
         raise ValueError(f"clip_grad_norm must be a positive number or None, got {clip_grad_norm!r}")
     params = [p for group in optimizer.param_groups for p in group["params"]]
     history: list[float] = []
-    with _progress(steps, desc) as bar:
+    with cpu_threads(threads) if threads is not None else nullcontext(), _progress(steps, desc) as bar:
         for step in range(steps):
             loss = loss_fn(get_batch(step))
             if not torch.isfinite(loss):
