@@ -11,7 +11,7 @@ import torch
 
 from helpers._validate import positive_ints as _check_positive
 from helpers.attention import scaled_dot_product_attention
-from helpers.transformer import TransformerConfig, _check_decode_args
+from helpers.transformer import _check_decode_args
 
 # --- counting and measuring ----------------------------------------------------------------------
 
@@ -130,11 +130,6 @@ def dilated_mask(T: int, window: int, dilation: int, device=None) -> torch.Tenso
     t = torch.arange(T, device=device)
     distance = t[:, None] - t[None, :]  # (T, T)
     return (distance >= 0) & (distance % dilation == 0) & (distance < window * dilation)  # (T, T)
-
-
-def lesson08_config(src_vocab_size: int, tgt_vocab_size: int, max_len: int = 512) -> TransformerConfig:
-    """``TransformerConfig.dates(...)``, lesson 08's sizes, under the name lesson 09 uses (lesson 09)."""
-    return TransformerConfig.dates(src_vocab_size, tgt_vocab_size, max_len=max_len)
 
 
 # --- greedy decoding with a KV cache -----------------------------------------------------------------

@@ -20,7 +20,6 @@ from helpers.scale import (
     decode_step,
     dilated_mask,
     greedy_decode_cached,
-    lesson08_config,
     loglog_slope,
     peak_tflops,
     peak_tflops_of,
@@ -94,7 +93,7 @@ def test_decode_step_logits_equal_full_decoder_at_every_step():
 
 def test_cached_greedy_float32_lesson08_sizes_and_no_early_eos():
     torch.manual_seed(0)
-    model = Transformer(lesson08_config(20, 14)).eval()
+    model = Transformer(TransformerConfig.dates(20, 14)).eval()
     assert model.config.max_len == 512
     with torch.no_grad():
         model.generator.bias[EOS] = -1e4  # the trick the lesson and the benchmark use
