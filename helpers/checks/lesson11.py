@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
@@ -45,59 +46,16 @@ def check_mean_pool(fn) -> CheckResult:
     return check("mean_pool", fn, _mean_pool, cases, bugs=bugs, atol=1e-9, rtol=1e-9)
 
 
-def _wordpiece(word, vocab):
+def _wordpiece(word, vocab, longest_first=True, prefix="##", keep_found=False):
+    """Greedy WordPiece; the keyword arguments reproduce three typical bugs when changed."""
     pieces, start = [], 0
     while start < len(word):
-        end = len(word)
-        while end > start:
-            piece = word[start:end] if start == 0 else "##" + word[start:end]
-            if piece in vocab:
-                break
-            end -= 1
-        if end == start:
-            return ["[UNK]"]
-        pieces.append(piece)
-        start = end
-    return pieces
-
-
-def _shortest_first(word, vocab):
-    pieces, start = [], 0
-    while start < len(word):
-        for end in range(start + 1, len(word) + 1):  # the bug: the shortest known piece wins
-            piece = word[start:end] if start == 0 else "##" + word[start:end]
-            if piece in vocab:
-                break
-        else:
-            return ["[UNK]"]
-        pieces.append(piece)
-        start = end
-    return pieces
-
-
-def _no_continuation_prefix(word, vocab):
-    pieces, start = [], 0
-    while start < len(word):
-        end = len(word)
-        while end > start and word[start:end] not in vocab:  # the bug: looks up "ing", not "##ing"
-            end -= 1
-        if end == start:
-            return ["[UNK]"]
-        pieces.append(word[start:end])
-        start = end
-    return pieces
-
-
-def _unk_piece_only(word, vocab):
-    pieces, start = [], 0
-    while start < len(word):
-        end = len(word)
-        while end > start and (word[start:end] if start == 0 else "##" + word[start:end]) not in vocab:
-            end -= 1
-        if end == start:
-            return pieces + ["[UNK]"]  # the bug: keeps the pieces found so far
-        pieces.append(word[start:end] if start == 0 else "##" + word[start:end])
-        start = end
+        ends = range(len(word), start, -1) if longest_first else range(start + 1, len(word) + 1)
+        known = [end for end in ends if (word[start:end] if start == 0 else prefix + word[start:end]) in vocab]
+        if not known:
+            return pieces + ["[UNK]"] if keep_found else ["[UNK]"]
+        pieces.append(word[start:known[0]] if start == 0 else prefix + word[start:known[0]])
+        start = known[0]
     return pieces
 
 
@@ -126,11 +84,11 @@ def check_wordpiece(fn) -> CheckResult:
         return lambda word, vocab: _spelled(wordpiece(word, vocab))
 
     bugs = [Bug("the shortest known piece wins: try the longest piece first, then shorter ones",
-                spelled(_shortest_first)),
+                spelled(functools.partial(_wordpiece, longest_first=False))),
             Bug('pieces after the first are looked up without "##": a continuation is "##" + its characters',
-                spelled(_no_continuation_prefix)),
+                spelled(functools.partial(_wordpiece, prefix=""))),
             Bug('a word with an unknown part becomes ["[UNK]"] alone, not the pieces found so far plus "[UNK]"',
-                spelled(_unk_piece_only))]
+                spelled(functools.partial(_wordpiece, keep_found=True)))]
     return check("wordpiece", fn, spelled(_wordpiece), cases, bugs=bugs, adapt=lambda got, expected: _spelled(got))
 
 
