@@ -326,6 +326,11 @@ def torch_calls(fn, *args, minus_inf: bool = False, **kwargs) -> set:
     return recorder.with_minus_inf if minus_inf else recorder.names
 
 
+def _number(x) -> str:
+    """4 significant digits, but whole numbers of 5 digits or more in full (1,774,464, not 1.774e+06)."""
+    return f"{int(x):,}" if float(x).is_integer() and 1e4 <= abs(x) < 1e15 else f"{x:.4g}"
+
+
 def check_prediction(name: str, predicted, measure: Callable[[], float], what: str,
                      rel_tol: float = 0.0, abs_tol: float = 0.0) -> CheckResult:
     """Compare a number the learner wrote down before running with a measurement; print one line (lesson 01).
@@ -342,9 +347,9 @@ def check_prediction(name: str, predicted, measure: Callable[[], float], what: s
     measured = float(measure())
     margin = max(abs_tol, rel_tol * abs(measured))
     if abs(predicted - measured) <= margin:
-        print(f"✓ {name}: you predicted {predicted:.4g}; the measured {what} is {measured:.4g} "
+        print(f"✓ {name}: you predicted {_number(predicted)}; the measured {what} is {_number(measured)} "
               f"(within {margin:.2g})")
         return CheckResult(True)
-    print(f"✗ {name}: you predicted {predicted:.4g}; the measured {what} is {measured:.4g}, "
+    print(f"✗ {name}: you predicted {_number(predicted)}; the measured {what} is {_number(measured)}, "
           f"more than {margin:.2g} away: find the step of your reasoning that differs")
     return CheckResult(False)

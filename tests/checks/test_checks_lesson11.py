@@ -167,7 +167,7 @@ def test_predict_layer_parameters(verdict):
     norms = 2 * 2 * C  # two LayerNorms, weight and bias
     assert not verdict(check_predict_layer_parameters, None)[0]
     ok, line = verdict(check_predict_layer_parameters, attention + feed_forward + norms)
-    assert ok and line.startswith("✓ predict_layer_parameters: you predicted 1.774e+06; the measured number")
+    assert ok and line.startswith("✓ predict_layer_parameters: you predicted 1,774,464; the measured number")
     assert not verdict(check_predict_layer_parameters, 4 * C * C + 2 * C * F_)[0]  # biases and norms forgotten
     assert not verdict(check_predict_layer_parameters, attention + feed_forward)[0]  # the LayerNorms forgotten
     assert not verdict(check_predict_layer_parameters, float("nan"))[0]
