@@ -520,54 +520,44 @@ def encoder_decoder_diagram(config, S=None, T=None):
                      f"{n_enc} + {n_dec} layers, {'Pre' if pre else 'Post'}-LN")
     xe, xd = 2.6, 7.3
 
-    def layers(n):
-        return list(range(n)) if n <= 3 else [0, None, n - 1]
+    def column(x, w, ids, seq, n, name, h_max, inner):
+        """Ids, embedding and n layers (at most 3 drawn) at x; inner(yc) fills a layer. Returns the y above them."""
+        box(ax, x, 0.5, w, 0.45, ids, fontsize=SMALL)
+        box(ax, x, 1.2, w, 0.5, f"embedding x sqrt(C) + sinusoidal positions\n(B, {seq}, C = {C})",
+            role="position", fontsize=SMALL)
+        arrow(ax, (x, 0.72), (x, 0.95))
+        y = 1.45
+        drawn = list(range(n)) if n <= 3 else [0, None, n - 1]
+        h_layer = min(h_max, 4.6 / len(drawn))
+        for i in drawn:
+            yc = y + 0.2 + h_layer / 2
+            if i is None:
+                ax.text(x, yc, f"... layers 2 to {n - 1} ...", ha="center", va="center", fontsize=FONT)
+            else:
+                box(ax, x, yc, w, h_layer - 0.1, fill=False)
+                ax.text(x - w / 2 + 0.1, yc + h_layer / 2 - 0.2, f"{name} layer {i + 1}", fontsize=SMALL,
+                        weight="bold")
+                inner(yc)
+            arrow(ax, (x, y), (x, y + 0.2))
+            y += 0.2 + h_layer
+        return y
 
-    # encoder
-    box(ax, xe, 0.5, 3.2, 0.45, f"source ids (B, {S_txt}), vocab {V_src}", fontsize=SMALL)
-    box(ax, xe, 1.2, 3.2, 0.5, f"embedding x sqrt(C) + sinusoidal positions\n(B, {S_txt}, C = {C})",
-        role="position", fontsize=SMALL)
-    arrow(ax, (xe, 0.72), (xe, 0.95))
-    y = 1.45
-    enc_layers = layers(n_enc)
-    h_layer = min(1.3, 4.6 / len(enc_layers))
-    for i in enc_layers:
-        yc = y + 0.2 + h_layer / 2
-        if i is None:
-            ax.text(xe, yc, f"... layers 2 to {n_enc - 1} ...", ha="center", va="center", fontsize=FONT)
-        else:
-            box(ax, xe, yc, 3.2, h_layer - 0.1, role="other", fill=False)
-            ax.text(xe - 1.5, yc + h_layer / 2 - 0.2, f"encoder layer {i + 1}", fontsize=SMALL, weight="bold")
-            box(ax, xe, yc + 0.05, 2.8, 0.32, "self-attention (padding mask)", role="key", fontsize=SMALL)
-            box(ax, xe, yc - 0.35, 2.8, 0.28, f"feed-forward {C} -> {F} -> {C}", fontsize=SMALL)
-        arrow(ax, (xe, y), (xe, y + 0.2))
-        y += 0.2 + h_layer
+    def encoder_layer(yc):
+        box(ax, xe, yc + 0.05, 2.8, 0.32, "self-attention (padding mask)", role="key", fontsize=SMALL)
+        box(ax, xe, yc - 0.35, 2.8, 0.28, f"feed-forward {C} -> {F} -> {C}", fontsize=SMALL)
+
+    def decoder_layer(yc):
+        box(ax, xd, yc + 0.25, 3.0, 0.26, "causal self-attention (causal & padding)", role="mask", fontsize=SMALL)
+        box(ax, xd, yc - 0.1, 3.0, 0.26, "cross-attention: Q here, K V = memory", role="query", fontsize=SMALL)
+        box(ax, xd, yc - 0.45, 3.0, 0.24, f"feed-forward {C} -> {F} -> {C}", fontsize=SMALL)
+        arrow(ax, (xe + 1.6, mem_y), (xd - 1.5, yc - 0.1), role="value", lw=1.6, connectionstyle="arc3,rad=-0.15")
+
+    y = column(xe, 3.2, f"source ids (B, {S_txt}), vocab {V_src}", S_txt, n_enc, "encoder", 1.3, encoder_layer)
     box(ax, xe, y + 0.45, 3.2, 0.5, f"memory (B, {S_txt}, C = {C})", role="value", fontsize=FONT)
     arrow(ax, (xe, y), (xe, y + 0.2))
     mem_y = y + 0.45
-    # decoder
-    box(ax, xd, 0.5, 3.4, 0.45, f"target ids, shifted right: <s> y0 ... (B, {T_txt})", fontsize=SMALL)
-    box(ax, xd, 1.2, 3.4, 0.5, f"embedding x sqrt(C) + sinusoidal positions\n(B, {T_txt}, C = {C})",
-        role="position", fontsize=SMALL)
-    arrow(ax, (xd, 0.72), (xd, 0.95))
-    y = 1.45
-    dec_layers = layers(n_dec)
-    h_layer = min(1.55, 4.6 / len(dec_layers))
-    for i in dec_layers:
-        yc = y + 0.2 + h_layer / 2
-        if i is None:
-            ax.text(xd, yc, f"... layers 2 to {n_dec - 1} ...", ha="center", va="center", fontsize=FONT)
-        else:
-            box(ax, xd, yc, 3.4, h_layer - 0.1, fill=False)
-            ax.text(xd - 1.6, yc + h_layer / 2 - 0.2, f"decoder layer {i + 1}", fontsize=SMALL, weight="bold")
-            box(ax, xd, yc + 0.25, 3.0, 0.26, "causal self-attention (causal & padding)", role="mask",
-                fontsize=SMALL)
-            box(ax, xd, yc - 0.1, 3.0, 0.26, "cross-attention: Q here, K V = memory", role="query", fontsize=SMALL)
-            box(ax, xd, yc - 0.45, 3.0, 0.24, f"feed-forward {C} -> {F} -> {C}", fontsize=SMALL)
-            arrow(ax, (xe + 1.6, mem_y), (xd - 1.5, yc - 0.1), role="value", lw=1.6,
-                  connectionstyle="arc3,rad=-0.15")
-        arrow(ax, (xd, y), (xd, y + 0.2))
-        y += 0.2 + h_layer
+    y = column(xd, 3.4, f"target ids, shifted right: <s> y0 ... (B, {T_txt})", T_txt, n_dec, "decoder", 1.55,
+               decoder_layer)
     box(ax, xd, y + 0.45, 3.4, 0.5, f"generator Linear(C, V) = ({C}, {V_tgt})\nlogits (B, {T_txt}, V = {V_tgt})",
         role="weights", fontsize=SMALL)
     arrow(ax, (xd, y), (xd, y + 0.2))

@@ -34,6 +34,22 @@ def _as_numpy(x) -> np.ndarray:
     return np.asarray(x, dtype=float)
 
 
+def _check_labels(query_labels, key_labels, T: int, S: int, what: str) -> None:
+    """One label per query row and per key column, or a clear error naming which list is off."""
+    for name, labels, n in (("query_labels", query_labels, T), ("key_labels", key_labels, S)):
+        if labels is not None and len(labels) != n:
+            raise ValueError(f"{name} has {len(labels)} labels but {what} {n} along that axis")
+
+
+def _label_positions(ax, T: int, S: int, query_labels, key_labels) -> None:
+    """Tick every key column and query row (with its token when given) and name both axes."""
+    ax.set_xticks(range(S), key_labels if key_labels is not None else range(S),
+                  rotation=90 if key_labels is not None else 0)
+    ax.set_yticks(range(T), query_labels if query_labels is not None else range(T))
+    ax.set_xlabel("key position (attended to)")
+    ax.set_ylabel("query position (attending)")
+
+
 def attention_heatmap(weights, query_labels=None, key_labels=None, ax=None, title=None,
                       colorbar=True, vmax=None):
     """Draw a (T, S) attention-weight matrix with token labels: rows queries, columns keys (lesson 02)."""
@@ -43,18 +59,12 @@ def attention_heatmap(weights, query_labels=None, key_labels=None, ax=None, titl
     if w.ndim != 2:
         raise ValueError(f"weights must be 2-D (T, S), got shape {w.shape}; pick one head/item first")
     T, S = w.shape
-    for name, labels, n in (("query_labels", query_labels, T), ("key_labels", key_labels, S)):
-        if labels is not None and len(labels) != n:
-            raise ValueError(f"{name} has {len(labels)} labels but weights have {n} along that axis")
+    _check_labels(query_labels, key_labels, T, S, "weights have")
     if ax is None:
         _, ax = plt.subplots(figsize=(0.45 * S + 2.0, 0.45 * T + 1.5))
     top = float(w.max()) if vmax is None else float(vmax)
     image = ax.imshow(w, cmap=WEIGHTS_CMAP, vmin=0.0, vmax=max(1e-12, top), aspect="auto")
-    ax.set_xticks(range(S), key_labels if key_labels is not None else range(S),
-                  rotation=90 if key_labels is not None else 0)
-    ax.set_yticks(range(T), query_labels if query_labels is not None else range(T))
-    ax.set_xlabel("key position (attended to)")
-    ax.set_ylabel("query position (attending)")
+    _label_positions(ax, T, S, query_labels, key_labels)
     ax.set_title(title or "attention weights")
     if colorbar:
         ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
@@ -72,9 +82,7 @@ def mask_heatmap(mask, query_labels=None, key_labels=None, ax=None, title=None, 
         raise ValueError("mask must be boolean (True = may attend) or hold only 0 and 1, "
                          f"got values {np.unique(m)[:5].tolist()}")
     T, S = m.shape
-    for name, labels, n in (("query_labels", query_labels, T), ("key_labels", key_labels, S)):
-        if labels is not None and len(labels) != n:
-            raise ValueError(f"{name} has {len(labels)} labels but mask has {n} along that axis")
+    _check_labels(query_labels, key_labels, T, S, "mask has")
     if ax is None:
         _, ax = plt.subplots(figsize=(0.45 * S + 2.5, 0.45 * T + 1.5))
     image = ax.imshow(m, cmap=mask_cmap(), vmin=0.0, vmax=1.0, aspect="auto")
@@ -82,11 +90,7 @@ def mask_heatmap(mask, query_labels=None, key_labels=None, ax=None, title=None, 
     ax.set_yticks(np.arange(-0.5, T, 1), minor=True)
     ax.grid(which="minor", color="#BBBBBB", linewidth=0.6)
     ax.tick_params(which="minor", length=0)
-    ax.set_xticks(range(S), key_labels if key_labels is not None else range(S),
-                  rotation=90 if key_labels is not None else 0)
-    ax.set_yticks(range(T), query_labels if query_labels is not None else range(T))
-    ax.set_xlabel("key position (attended to)")
-    ax.set_ylabel("query position (attending)")
+    _label_positions(ax, T, S, query_labels, key_labels)
     ax.set_title(title or "mask (True = may attend)")
     if colorbar:
         bar = ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, ticks=[0.25, 0.75])

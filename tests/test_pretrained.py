@@ -350,35 +350,3 @@ def test_minilm_dir_errors(monkeypatch):
     monkeypatch.setattr(pretrained, "_VERIFIED", {})
     with pytest.raises(ValueError, match="sha256"):
         minilm_dir()
-
-
-# --- the exercise checks of lesson 11 catch typical mistakes -----------------------------------
-
-
-def test_lesson11_checks_accept_right_and_reject_wrong_answers(capsys):
-    from helpers.checks import check_mean_pool, check_previous_token_score, check_rank_by_cosine, check_wordpiece
-    from helpers.checks.lesson11 import _mean_pool, _previous_token_score, _rank_by_cosine, _wordpiece
-
-    assert check_mean_pool(_mean_pool) and check_wordpiece(_wordpiece)
-    assert check_previous_token_score(_previous_token_score) and check_rank_by_cosine(_rank_by_cosine)
-    assert not check_mean_pool(lambda h, m: h.mean(dim=1))  # pads included
-    assert not check_mean_pool(lambda h, m: None)
-
-    def shortest_first(word, vocab):
-        pieces, start = [], 0
-        while start < len(word):
-            for end in range(start + 1, len(word) + 1):
-                piece = word[start:end] if start == 0 else "##" + word[start:end]
-                if piece in vocab:
-                    break
-            else:
-                return ["[UNK]"]
-            pieces.append(piece)
-            start = end
-        return pieces
-
-    assert not check_wordpiece(shortest_first)
-    assert not check_previous_token_score(lambda w: w.diagonal(dim1=-2, dim2=-1).mean(-1))  # weight on itself
-    assert not check_rank_by_cosine(lambda q, c: (c @ q).argsort(descending=True))  # dot product, not cosine
-    out = capsys.readouterr().out
-    assert out.count("✓") == 4 and "not implemented yet" in out

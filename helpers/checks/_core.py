@@ -99,16 +99,21 @@ def _modified(saved) -> str | None:
     return None
 
 
+def _first_reason(got, expected, reason_of) -> str | None:
+    """``reason_of`` applied to each result of a tuple answer; the first reason found, or None."""
+    if not isinstance(got, (tuple, list)) or len(got) != len(expected):
+        return f"expected a tuple of {len(expected)} results, got {type(got).__name__}"
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        reason = reason_of(g, e)
+        if reason:
+            return f"result {i}: {reason}"
+    return None
+
+
 def _type_reason(got, expected) -> str | None:
     """Reject numpy arrays, lists, and tensors of another dtype where the reference gives a tensor."""
     if isinstance(expected, (tuple, list)):
-        if not isinstance(got, (tuple, list)) or len(got) != len(expected):
-            return f"expected a tuple of {len(expected)} results, got {type(got).__name__}"
-        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
-            reason = _type_reason(g, e)
-            if reason:
-                return f"result {i}: {reason}"
-        return None
+        return _first_reason(got, expected, _type_reason)
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor):
             return f"return a torch.Tensor (dtype {expected.dtype}), got {type(got).__name__}"
@@ -123,16 +128,13 @@ def _type_reason(got, expected) -> str | None:
     return None
 
 
-def compare(got, expected, atol: float = 1e-5, rtol: float = 1e-4):
-    """Return None when ``got`` matches ``expected`` (tensors, numbers or tuples), else a reason (lesson 00)."""
+def compare(got, expected, atol: float | dict = 1e-5, rtol: float = 1e-4):
+    """Return None when ``got`` matches ``expected`` (tensors, numbers or tuples), else a reason (lesson 00).
+
+    ``atol`` may be a dict from dtype to tolerance (python floats count as torch.float64).
+    """
     if isinstance(expected, (tuple, list)):
-        if not isinstance(got, (tuple, list)) or len(got) != len(expected):
-            return f"expected a tuple of {len(expected)} results, got {type(got).__name__}"
-        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
-            reason = compare(g, e, atol, rtol)
-            if reason:
-                return f"result {i}: {reason}"
-        return None
+        return _first_reason(got, expected, lambda g, e: compare(g, e, atol, rtol))
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor):
             return f"expected a tensor, got {type(got).__name__}"
@@ -145,9 +147,10 @@ def compare(got, expected, atol: float = 1e-5, rtol: float = 1e-4):
                 return f"{wrong} of {expected.numel()} entries differ from the reference"
             return None
         got = got.to(expected.dtype)
+        tol = atol[expected.dtype] if isinstance(atol, dict) else atol
         if torch.isnan(got).any() and not torch.isnan(expected).any():
             return "contains NaN where the reference has none (overflow? a fully masked row?)"
-        if not torch.allclose(got, expected, atol=atol, rtol=rtol, equal_nan=True):
+        if not torch.allclose(got, expected, atol=tol, rtol=rtol, equal_nan=True):
             diff = (got - expected).abs().nan_to_num(float("inf")).max().item()
             return f"values differ from the reference (largest difference {diff:.3g})"
         return None
@@ -156,7 +159,8 @@ def compare(got, expected, atol: float = 1e-5, rtol: float = 1e-4):
             value = float(got)
         except (TypeError, ValueError, RuntimeError):
             return f"expected a number, got {type(got).__name__}"
-        if math.isnan(value) or abs(value - expected) > atol + rtol * abs(expected):
+        tol = atol[torch.float64] if isinstance(atol, dict) else atol
+        if math.isnan(value) or abs(value - expected) > tol + rtol * abs(expected):
             return f"got {value:.6g}, expected {expected:.6g}"
         return None
     return None if got == expected else f"got {got!r}, expected {expected!r}"
@@ -215,7 +219,8 @@ def _known_bug(fn, cases, bugs, atol, rtol, adapt) -> str | None:
     return None
 
 
-def _run_case(name, fn, reference_fn, case, cases, bugs, atol, rtol, adapt, strict_types, layouts, validate):
+def _run_case(name, fn, reference_fn, case, cases, bugs, atol, rtol, adapt, strict_types, layouts, validate,
+              bug_tolerance):
     args, kwargs = clone(case.args), clone(case.kwargs)
     saved = _snapshot(args, kwargs)
     got = _call(fn, args, kwargs, case.name)
@@ -233,7 +238,8 @@ def _run_case(name, fn, reference_fn, case, cases, bugs, atol, rtol, adapt, stri
     if reason is None:
         reason = compare(got, expected, atol, rtol)
         if reason is not None:
-            reason = _known_bug(fn, cases, bugs, atol, rtol, adapt) or reason
+            bug_atol, bug_rtol = bug_tolerance or (atol, rtol)
+            reason = _known_bug(fn, cases, bugs, bug_atol, bug_rtol, adapt) or reason
     if reason is None and validate is not None:
         reason = validate(got, case)
     if reason is not None:
@@ -251,9 +257,9 @@ def _run_case(name, fn, reference_fn, case, cases, bugs, atol, rtol, adapt, stri
             raise _Stop(f"✗ {name}: on {where}: {reason}")
 
 
-def check(name: str, fn, reference_fn, cases, *, bugs=(), atol: float = 1e-5, rtol: float = 1e-4,
+def check(name: str, fn, reference_fn, cases, *, bugs=(), atol: float | dict = 1e-5, rtol: float = 1e-4,
           adapt=None, strict_types: bool = True, layouts: bool = True, validate=None,
-          then=None) -> CheckResult:
+          then=None, matches: str = "matches the reference", bug_tolerance=None) -> CheckResult:
     """Run ``fn`` and ``reference_fn`` on every case; print exactly one line; truthy if all match (lesson 00).
 
     ``bugs``: known mistakes (``Bug``), whose message replaces the generic reason when the answer
@@ -262,15 +268,17 @@ def check(name: str, fn, reference_fn, cases, *, bugs=(), atol: float = 1e-5, rt
     reference's dtype, an int where it gives an int. ``layouts``: also run every case with
     non-contiguous tensors. ``validate(got, case)`` may return an extra reason; ``then(fn)``,
     run once all cases pass, returns ``(ok, text)``: the reason of failure, or what follows the
-    success line.
+    success line. ``matches`` words the success line: ``✓ name: {matches} on all N cases``.
+    ``bug_tolerance``: ``(atol, rtol)`` for matching a known bug, when it must be looser than the check's.
     """
     if not callable(fn):
         print(f"✗ {name}: expected a function, got {type(fn).__name__}")
         return CheckResult(False)
     try:
         for case in cases:
-            _run_case(name, fn, reference_fn, case, cases, bugs, atol, rtol, adapt, strict_types, layouts, validate)
-        line = f"✓ {name}: matches the reference on all {len(cases)} cases"
+            _run_case(name, fn, reference_fn, case, cases, bugs, atol, rtol, adapt, strict_types, layouts, validate,
+                      bug_tolerance)
+        line = f"✓ {name}: {matches} on all {len(cases)} cases"
         if then is not None:
             ok, text = then(fn)
             if not ok:
@@ -318,6 +326,11 @@ def torch_calls(fn, *args, minus_inf: bool = False, **kwargs) -> set:
     return recorder.with_minus_inf if minus_inf else recorder.names
 
 
+def _number(x) -> str:
+    """4 significant digits, but whole numbers of 5 digits or more in full (1,774,464, not 1.774e+06)."""
+    return f"{int(x):,}" if float(x).is_integer() and 1e4 <= abs(x) < 1e15 else f"{x:.4g}"
+
+
 def check_prediction(name: str, predicted, measure: Callable[[], float], what: str,
                      rel_tol: float = 0.0, abs_tol: float = 0.0) -> CheckResult:
     """Compare a number the learner wrote down before running with a measurement; print one line (lesson 01).
@@ -334,9 +347,9 @@ def check_prediction(name: str, predicted, measure: Callable[[], float], what: s
     measured = float(measure())
     margin = max(abs_tol, rel_tol * abs(measured))
     if abs(predicted - measured) <= margin:
-        print(f"✓ {name}: you predicted {predicted:.4g}; the measured {what} is {measured:.4g} "
+        print(f"✓ {name}: you predicted {_number(predicted)}; the measured {what} is {_number(measured)} "
               f"(within {margin:.2g})")
         return CheckResult(True)
-    print(f"✗ {name}: you predicted {predicted:.4g}; the measured {what} is {measured:.4g}, "
+    print(f"✗ {name}: you predicted {_number(predicted)}; the measured {what} is {_number(measured)}, "
           f"more than {margin:.2g} away: find the step of your reasoning that differs")
     return CheckResult(False)

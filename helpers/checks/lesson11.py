@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import functools
+import json
+import math
+import struct
+
 import torch
 import torch.nn.functional as F
 
-from helpers.checks._core import Case, CheckResult, run_check
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction
 
-__all__ = ["check_mean_pool", "check_wordpiece", "check_previous_token_score", "check_rank_by_cosine"]
+__all__ = ["check_mean_pool", "check_wordpiece", "check_previous_token_score", "check_rank_by_cosine",
+           "check_predict_layer_parameters"]
 
 
 def _mean_pool(hidden, mask):
     w = mask[..., None].to(hidden.dtype)  # (B, L, 1)
     return (hidden * w).sum(dim=1) / w.sum(dim=1)  # (B, L, C) -> (B, C)
+
+
+def _mean_over_all_positions(hidden, mask):
+    return hidden.mean(dim=1)  # the bug: the pads are averaged in
+
+
+def _divided_by_length(hidden, mask):
+    return (hidden * mask[..., None].to(hidden.dtype)).sum(dim=1) / hidden.shape[1]  # the bug: / L, not / count
 
 
 def check_mean_pool(fn) -> CheckResult:
@@ -26,27 +40,34 @@ def check_mean_pool(fn) -> CheckResult:
                                                  torch.ones(1, 4, dtype=torch.bool))),
              Case("three sentences of 5, 3 and 1 real tokens", (hidden, mask)),
              Case("the same with 1e6 in every padded position", (big_pads, mask))]
-    return run_check("mean_pool", fn, _mean_pool, cases, atol=1e-9, rtol=1e-9)
+    bugs = [Bug("the padded positions are averaged in: weight each position by the mask", _mean_over_all_positions),
+            Bug("the sum over real tokens is divided by L: divide by the number of real tokens of each sentence",
+                _divided_by_length)]
+    return check("mean_pool", fn, _mean_pool, cases, bugs=bugs, atol=1e-9, rtol=1e-9)
 
 
-def _wordpiece(word, vocab):
+def _wordpiece(word, vocab, longest_first=True, prefix="##", keep_found=False):
+    """Greedy WordPiece; the keyword arguments reproduce three typical bugs when changed."""
     pieces, start = [], 0
     while start < len(word):
-        end = len(word)
-        while end > start:
-            piece = word[start:end] if start == 0 else "##" + word[start:end]
-            if piece in vocab:
-                break
-            end -= 1
-        if end == start:
-            return ["[UNK]"]
-        pieces.append(piece)
-        start = end
+        ends = range(len(word), start, -1) if longest_first else range(start + 1, len(word) + 1)
+        known = [end for end in ends if (word[start:end] if start == 0 else prefix + word[start:end]) in vocab]
+        if not known:
+            return pieces + ["[UNK]"] if keep_found else ["[UNK]"]
+        pieces.append(word[start:known[0]] if start == 0 else prefix + word[start:known[0]])
+        start = known[0]
     return pieces
 
 
 _VOCAB = {"[UNK]", "un", "##believ", "##able", "##ab", "##le", "play", "##ing", "##s", "p", "##l", "##a", "##y",
           "hippo", "##pot", "##amus", "##o", "##p", "a"}
+
+
+def _spelled(pieces):
+    """One string for a list of pieces, so that a wrong answer reads "got 'un ##believ ##ab ##le', expected ..."."""
+    if isinstance(pieces, (list, tuple)) and all(isinstance(p, str) for p in pieces):
+        return " ".join(pieces)
+    return f"<a {type(pieces).__name__}, not a list of str>"
 
 
 def check_wordpiece(fn) -> CheckResult:
@@ -59,16 +80,34 @@ def check_wordpiece(fn) -> CheckResult:
              Case('"playz": no piece for "z", so the whole word is ["[UNK]"]', ("playz", _VOCAB)),
              Case('"xylophone": not even the first character is known', ("xylophone", _VOCAB))]
 
-    def adapt(got, expected):
-        return list(got) if isinstance(got, (list, tuple)) else got
+    def spelled(wordpiece):
+        return lambda word, vocab: _spelled(wordpiece(word, vocab))
 
-    return run_check("wordpiece", fn, _wordpiece, cases, adapt=adapt)
+    bugs = [Bug("the shortest known piece wins: try the longest piece first, then shorter ones",
+                spelled(functools.partial(_wordpiece, longest_first=False))),
+            Bug('pieces after the first are looked up without "##": a continuation is "##" + its characters',
+                spelled(functools.partial(_wordpiece, prefix=""))),
+            Bug('a word with an unknown part becomes ["[UNK]"] alone, not the pieces found so far plus "[UNK]"',
+                spelled(functools.partial(_wordpiece, keep_found=True)))]
+    return check("wordpiece", fn, spelled(_wordpiece), cases, bugs=bugs, adapt=lambda got, expected: _spelled(got))
 
 
 def _previous_token_score(weights):
     T = weights.shape[-1]
     i = torch.arange(1, T)
     return weights[:, i, i - 1].mean(dim=-1)  # (H, T - 1) -> (H,)
+
+
+def _self_score(weights):
+    return weights.diagonal(dim1=-2, dim2=-1).mean(dim=-1)  # the bug: weights[h, i, i]
+
+
+def _next_token_score(weights):
+    return weights.diagonal(offset=1, dim1=-2, dim2=-1).mean(dim=-1)  # the bug: weights[h, i, i + 1]
+
+
+def _divided_by_T(weights):
+    return weights.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1) / weights.shape[-1]  # the bug: / T
 
 
 def check_previous_token_score(fn) -> CheckResult:
@@ -82,12 +121,24 @@ def check_previous_token_score(fn) -> CheckResult:
     cases = [Case("3 heads of random weights, T=6", (random,)),
              Case("a perfect previous-token head (score 1) and a self head (score 0)", (shift,)),
              Case("one head, T=2", (torch.tensor([[[1.0, 0.0], [0.25, 0.75]]], dtype=torch.float64),))]
-    return run_check("previous_token_score", fn, _previous_token_score, cases, atol=1e-9, rtol=1e-9)
+    bugs = [Bug("that is the weight of each token on itself: the previous token of query i is key i - 1",
+                _self_score),
+            Bug("that is the weight on the next token (key i + 1): rows are queries, columns keys", _next_token_score),
+            Bug("the sum is divided by T: query 0 has no previous token, so there are T - 1 terms", _divided_by_T)]
+    return check("previous_token_score", fn, _previous_token_score, cases, bugs=bugs, atol=1e-9, rtol=1e-9)
 
 
 def _rank_by_cosine(query, corpus):
     sims = F.normalize(corpus, dim=-1) @ F.normalize(query, dim=-1)  # (N, C) @ (C,) -> (N,)
     return sims.argsort(descending=True)
+
+
+def _rank_by_dot_product(query, corpus):
+    return (corpus @ query).argsort(descending=True)  # the bug: long rows win
+
+
+def _least_similar_first(query, corpus):
+    return _rank_by_cosine(query, corpus).flip(0)
 
 
 def check_rank_by_cosine(fn) -> CheckResult:
@@ -101,8 +152,28 @@ def check_rank_by_cosine(fn) -> CheckResult:
                   (torch.tensor([0.2, 1.0], dtype=torch.float64), scaled)),
              Case("8 random vectors of width 16", (torch.randn(16, generator=g, dtype=torch.float64),
                                                    torch.randn(8, 16, generator=g, dtype=torch.float64)))]
+    bugs = [Bug("that ranks by the dot product, which favours long rows: divide by both lengths (cosine)",
+                _rank_by_dot_product),
+            Bug("that puts the least similar first: sort in descending order", _least_similar_first)]
 
     def adapt(got, expected):
         return torch.as_tensor(got).long() if isinstance(got, (torch.Tensor, list, tuple)) else got
 
-    return run_check("rank_by_cosine", fn, _rank_by_cosine, cases, adapt=adapt)
+    return check("rank_by_cosine", fn, _rank_by_cosine, cases, bugs=bugs, adapt=adapt)
+
+
+def _layer_parameters(layer: int = 0) -> int:
+    """Count the numbers in encoder.layer.<layer>.* of all-MiniLM-L6-v2's checkpoint, from its header alone."""
+    from helpers.pretrained import minilm_dir
+
+    with open(minilm_dir() / "model.safetensors", "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    prefix = f"encoder.layer.{layer}."
+    return sum(math.prod(info["shape"]) for name, info in header.items() if name.startswith(prefix))
+
+
+def check_predict_layer_parameters(predicted) -> CheckResult:
+    """Predict then count: parameters of one MiniLM encoder layer (C=384, d_ff=1536), biases included (lesson 11)."""
+    return check_prediction("predict_layer_parameters", predicted, _layer_parameters,
+                            "number of parameters in encoder.layer.0 of the checkpoint")

@@ -92,3 +92,25 @@ def test_prediction(verdict):
     assert not ok and line.startswith("… guess: write your prediction first")
     ok, line = verdict(lambda p: check_prediction("guess", p, lambda: 8.0, "width", rel_tol=0.1), "8")
     assert not ok and "must be a finite number" in line
+    ok, line = verdict(lambda p: check_prediction("count", p, lambda: 1_774_464, "count"), 1_774_000)
+    assert not ok and line.startswith("✗ count: you predicted 1,774,000; the measured count is 1,774,464, more")
+    ok, line = verdict(lambda p: check_prediction("count", p, lambda: 12345.5, "count"), 12345.5)
+    assert ok and line.startswith("✓ count: you predicted 1.235e+04; the measured count is 1.235e+04")
+
+
+def test_dtype_tolerances_and_success_wording(verdict):
+    strict = {torch.float64: 1e-10, torch.float32: 1e-5}
+    assert compare(torch.ones(2, dtype=torch.float64) + 1e-8, torch.ones(2, dtype=torch.float64), strict, 0.0)
+    assert compare(torch.ones(2) + 1e-6, torch.ones(2), strict, 0.0) is None
+    assert compare(1.0 + 1e-8, 1.0, strict, 0.0)  # python floats use the float64 tolerance
+    cases = [Case("x = 3", (torch.full((3,), 3.0, dtype=torch.float64),))]  # 2x = 6, the bug x + 1 = 4
+    ok, line = verdict(lambda fn: check("double", fn, lambda x: 2 * x, cases, atol=strict, rtol=0.0,
+                                        matches="matches 2x"), lambda x: x + x)
+    assert ok and line == "✓ double: matches 2x on all 1 cases"
+    ok, line = verdict(lambda fn: check("double", fn, lambda x: 2 * x, cases, atol=strict, rtol=0.0,
+                                        bugs=[Bug("that is x + 1", lambda x: x + 1)]), lambda x: x + 1 + 1e-8)
+    assert not ok and "values differ" in line  # the bug matches to the check's tolerance only
+    ok, line = verdict(lambda fn: check("double", fn, lambda x: 2 * x, cases, atol=strict, rtol=0.0,
+                                        bugs=[Bug("that is x + 1", lambda x: x + 1)], bug_tolerance=(1e-6, 0.0)),
+                       lambda x: x + 1 + 1e-8)
+    assert not ok and line.endswith("that is x + 1")
