@@ -294,12 +294,6 @@ def check(name: str, fn, reference_fn, cases, *, bugs=(), atol: float | dict = 1
     return CheckResult(True)
 
 
-def run_check(name: str, learner_fn, reference_fn, cases, atol: float = 1e-5, rtol: float = 1e-4,
-              adapt=None) -> CheckResult:
-    """``check`` without known bugs (kept for existing callers) (lesson 00)."""
-    return check(name, learner_fn, reference_fn, cases, atol=atol, rtol=rtol, adapt=adapt)
-
-
 class _Recorder(TorchFunctionMode):
     """Record every torch function and tensor method called inside the block, and which got -inf."""
 
