@@ -150,7 +150,8 @@ def check_bool_mask(mask, target_shape, what: str = "(..., T, S)") -> None:
 
 def check_mha_mask(mask, B: int, H: int, T: int, S: int) -> None:
     """A multi-head mask is 2-D, exactly (T, S), shared by every batch item and head, or 4-D,
-    broadcastable to (B, H, T, S); a per-item key-padding mask must be 4-D, (B, 1, 1, S)."""
+    broadcastable to (B, H, T, S); a per-item key-padding mask must be 4-D, (B, 1, 1, S). When B == T > 1
+    a 2-D mask could mean either, so it must be given 4-D."""
     if isinstance(mask, torch.Tensor) and mask.dim() not in (2, 4):
         raise ValueError(
             f"mask must be 2-D (T, S) = ({T}, {S}) or 4-D, broadcastable to (B, H, T, S) = "
@@ -162,6 +163,14 @@ def check_mha_mask(mask, B: int, H: int, T: int, S: int) -> None:
             f"a 2-D mask is read as (T, S) = ({T}, {S}), one row per query, the same for every batch "
             f"item; got {shape_str(mask.shape)}. A key-padding mask (B, S) must be given as "
             "(B, 1, 1, S): helpers.masks.padding_mask(lengths, S) or mask[:, None, None, :]"
+        )
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and B == T and B > 1:
+        # With B == T a (B, S) key-padding mask has the shape of a (T, S) mask: refuse to guess.
+        raise ValueError(
+            f"a 2-D mask of shape {shape_str(mask.shape)} is ambiguous when the batch size B equals the "
+            f"query length T (both {T}): it could be a (T, S) mask or a (B, S) key-padding mask. Give it "
+            "4 dimensions: mask[None, None] for one (T, S) mask shared by every item and head, or "
+            "mask[:, None, None, :] (helpers.masks.padding_mask(lengths, S)) for a (B, 1, 1, S) key-padding mask"
         )
     check_bool_mask(mask, (B, H, T, S), "(B, H, T, S)")
 

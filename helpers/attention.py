@@ -117,7 +117,8 @@ class MultiHeadAttention(nn.Module):
     True = may attend, and either 2-D, exactly (T, S) (such as ``causal_mask(T)``), shared by every
     batch item and head, or 4-D, broadcastable to (B, H, T, S): a key-padding mask is
     (B, 1, 1, S), from ``helpers.masks.padding_mask``. A 2-D (B, S) mask is never read as key
-    padding: it is rejected, since its meaning would depend on whether B equals T.
+    padding: it is rejected, and when B == T > 1 every 2-D mask is rejected, since its meaning would
+    then depend on the sizes (give it 4-D: ``mask[None, None]``).
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):

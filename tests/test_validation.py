@@ -133,16 +133,31 @@ def test_masks_that_are_neither_2d_nor_4d_are_rejected(shape):
         mha(x, memory, memory, mask=torch.ones(shape, dtype=torch.bool))
 
 
-def test_a_2d_mask_means_the_same_t_by_s_mask_for_every_item_even_when_b_equals_t():
-    """When B == T a 2-D mask cannot be told from a (B, S) key-padding mask by its shape: the rule
-    is that a 2-D mask is always (T, S), so the result equals the 4-D mask[None, None]."""
+def test_a_2d_mask_is_refused_when_b_equals_t_because_its_meaning_would_depend_on_sizes():
+    """When B == T a 2-D mask cannot be told from a (B, S) key-padding mask by its shape: refuse it and
+    name both 4-D forms; each of them then gives its own, different, result."""
     mha = MultiHeadAttention(8, 2).to(DT).eval()
     x = rand(4, 4, 8)  # B = T = 4
-    mask = causal_mask(4)
-    out, w = mha(x, x, x, mask=mask)
-    out4, w4 = mha(x, x, x, mask=mask[None, None])
+    keep = padding_mask([4, 3, 2, 1], 4)[:, 0, 0]  # (B, S) = (4, 4), intended as key padding
+    with pytest.raises(ValueError, match=r"a 2-D mask of shape \(4, 4\) is ambiguous when the batch size B "
+                                         r"equals the query length T \(both 4\).*mask\[None, None\].*"
+                                         r"helpers.masks.padding_mask"):
+        mha(x, x, x, mask=keep)
+    with pytest.raises(ValueError, match="ambiguous"):
+        mha(x, x, x, mask=causal_mask(4))
+    _, w_pad = mha(x, x, x, mask=keep[:, None, None, :])  # key padding: item b reads its first 4 - b keys
+    _, w_causal = mha(x, x, x, mask=causal_mask(4)[None, None])  # one (T, S) mask for every item
+    assert torch.all(w_pad[3, :, :, 1:] == 0) and torch.all(w_pad[0] > 0)
+    assert torch.all(w_causal[:, :, 0, 1:] == 0) and torch.all(w_causal[:, :, 3] > 0)
+
+
+@pytest.mark.parametrize("B, T", [(1, 1), (1, 5), (3, 5)])
+def test_a_2d_t_by_s_mask_is_accepted_when_it_cannot_be_mistaken(B, T):
+    mha = MultiHeadAttention(8, 2).to(DT).eval()
+    x = rand(B, T, 8)
+    out, w = mha(x, x, x, mask=causal_mask(T))
+    out4, w4 = mha(x, x, x, mask=causal_mask(T)[None, None])
     assert torch.equal(out, out4) and torch.equal(w, w4)
-    assert torch.all(w[:, :, 0, 1:] == 0)  # query 0 of EVERY item reads key 0 only: the (T, S) reading
 
 
 # --- scaled dot-product attention -----------------------------------------------------------------------
