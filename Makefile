@@ -6,34 +6,75 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-# Which PyTorch build to install. With no NVIDIA GPU (no nvidia-smi) the default is the CPU
-# build torch==2.13.0; with one, the newest CUDA build from PyPI. Override, for example:
-#   make lab TORCH_SPEC="torch==2.5.1" TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
-ifeq ($(shell command -v nvidia-smi 2>/dev/null),)
-TORCH_SPEC ?= torch==2.13.0
-else
-TORCH_SPEC ?= torch>=2.3
-endif
+# Which PyTorch build to install (the README's "Choosing the PyTorch build" says the same):
+# - Linux without an NVIDIA GPU (no nvidia-smi): a CPU build. The candidates are the CPU wheels on
+#   PyTorch's own index and any local wheels pip is configured to find (find-links); --no-index
+#   keeps PyPI out, because PyPI's Linux torch is the CUDA build (several GB of nvidia-* packages).
+#   An unreachable index fails within seconds (--timeout 5 --retries 0); with no CPU wheel at all,
+#   pip installs PyPI's build and says so.
+# - macOS, Windows, or Linux with an NVIDIA GPU: PyPI's torch (CPU/MPS on macOS, CPU on Windows,
+#   CUDA on Linux).
+# TORCH_SPEC is a lower bound (the floor in requirements.txt); override both, for example:
+#   make lab TORCH_SPEC="torch==2.6.0" TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cu124"
+TORCH_SPEC ?= torch>=2.5
 TORCH_PIP_ARGS ?=
+TORCH_CPU_LINKS ?= https://download.pytorch.org/whl/cpu/torch/
+ifeq ($(shell uname -s)-$(shell command -v nvidia-smi 2>/dev/null),Linux-)
+TORCH_CPU_ONLY ?= 1
+endif
+
+# Where `make lab` keeps the learner's copies of the lessons (git ignores it; `make test` never
+# reads it). The pristine lessons stay in notebooks/.
+WORK ?= my-notebooks
+# JupyterLab reads settings overrides from here: saveState makes it store widget state (the
+# progress bars) in a saved notebook, so they still show after reopening it.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg -p no:cacheprovider
 JOBS ?= 2
 
-.PHONY: lab test unit notebooks lint execute render bench clean install
+.PHONY: lab reset test unit notebooks lint execute render bench clean install torch
 
 install: $(STAMP)
 
-# torch goes in first, so that requirements.txt (torch>=2.3) finds it and pulls no CUDA packages.
+# torch goes in first, so that requirements.txt (torch>=2.5) finds it and pulls no CUDA packages.
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
+	$(MAKE) --no-print-directory torch
 	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install --no-deps -e .
 	touch $(STAMP)
 
-# Jupyter refuses to run as root (as in many containers) unless told to.
-lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
+install: $(LAB_OVERRIDES)
+$(LAB_OVERRIDES): $(STAMP)
+	mkdir -p $(dir $@)
+	printf '%s\n' '{"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": true}}' > $@
+
+torch:
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+		echo "torch already installed in $(VENV): keeping it"; \
+	elif [ -n "$(TORCH_PIP_ARGS)" ] || [ -z "$(TORCH_CPU_ONLY)" ]; then \
+		$(PY) -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS); \
+	elif $(PY) -m pip install --no-index --no-deps --timeout 5 --retries 0 \
+			--find-links $(TORCH_CPU_LINKS) "$(TORCH_SPEC)"; then \
+		echo "installed a CPU build of torch"; \
+	else \
+		echo "WARNING: no CPU build of torch found (PyTorch's index unreachable, no local wheel);"; \
+		echo "WARNING: installing PyPI's torch, which on Linux is the CUDA build (several GB)."; \
+		$(PY) -m pip install "$(TORCH_SPEC)"; \
+	fi
+	@$(PY) -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
+
+# JupyterLab on the learner's working copies in $(WORK)/ (copied from notebooks/ on first use;
+# existing copies are kept). Jupyter refuses to run as root (as in many containers) unless told to.
+lab: $(STAMP) $(LAB_OVERRIDES)
+	$(PY) tests/nbtools.py workcopy $(WORK)
+	$(VENV)/bin/jupyter lab $(WORK) $(if $(filter 0,$(shell id -u)),--allow-root)
+
+# Put the pristine lesson back: make reset LESSON=04 (the learner's copy is kept beside it,
+# renamed *.saved-DATE.ipynb). Without LESSON, every lesson and solution is put back.
+reset: $(STAMP)
+	$(PY) tests/nbtools.py workcopy $(WORK) --reset "$(LESSON)"
 
 test: $(STAMP) lint unit notebooks
 
