@@ -33,7 +33,7 @@ LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg -p no:cacheprovider
 JOBS ?= 2
 
-.PHONY: lab reset test unit notebooks lint execute render bench clean install torch
+.PHONY: lab reset test unit notebooks lint execute render bench clean install torch oldest
 
 install: $(STAMP)
 
@@ -81,8 +81,9 @@ test: $(STAMP) lint unit notebooks
 lint: $(STAMP)
 	$(PY) -m ruff check helpers tests benchmarks
 
+# The browser test runs from .ci/run (it needs Chromium and playwright), not here.
 unit: $(STAMP)
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --ignore tests/test_browser.py
 
 # Outputs are recorded on CPU, so nbval compares on CPU too. Two notebooks run at a time, one
 # thread each: two kernels with two threads each on two cores slow small models down many times.
@@ -102,5 +103,26 @@ render: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
+# The oldest versions requirements.txt allows (the newest patch release of each floor), in a
+# second environment on the oldest Python: unit tests, then every notebook with --nbval-lax
+# (outputs recorded with newer versions may differ in the last digits; every assert still runs).
+# torch comes the way `make torch` gets it; where PyTorch's CPU index cannot be reached (as in
+# this course's CI) that is PyPI's CUDA build of 2.5.1 with its nvidia-* packages (about 5 GB
+# installed), which also runs on the CPU.
+OLDEST_VENV ?= .venv-oldest
+OLDEST_PYTHON ?= python3.10
+OLDEST_PINS := numpy==1.24.4 matplotlib==3.7.5 tqdm==4.64.1
+oldest:
+	test -x $(OLDEST_VENV)/bin/python || $(OLDEST_PYTHON) -m venv $(OLDEST_VENV)
+	$(MAKE) --no-print-directory torch VENV=$(OLDEST_VENV) TORCH_SPEC="torch==2.5.1"
+	$(OLDEST_VENV)/bin/python -m pip install -q $(OLDEST_PINS) -r requirements.txt
+	$(OLDEST_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(OLDEST_VENV)/bin/python -c "import sys, torch, numpy, matplotlib; \
+		print('oldest:', sys.version.split()[0], torch.__version__, numpy.__version__, matplotlib.__version__)"
+	$(OLDEST_VENV)/bin/python -m pytest tests -q -p no:cacheprovider \
+		--ignore tests/test_browser.py --ignore tests/test_colab.py
+	$(NB_ENV) $(OLDEST_VENV)/bin/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider \
+		-n $(JOBS) --dist loadscope notebooks -q
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .hypothesis .ruff_cache
