@@ -110,9 +110,12 @@ bench: $(STAMP)
 # this course's CI) that is PyPI's CUDA build of 2.5.1 with its nvidia-* packages (about 5 GB
 # installed), which also runs on the CPU.
 OLDEST_VENV ?= .venv-oldest
-OLDEST_PYTHON ?= python3.10
+# Python 3.10: from the path, else from pyenv's versions (a pyenv shim alone may refuse to run it).
+OLDEST_PYTHON ?= $(shell for p in python3.10 $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.10.*/bin/python3.10; do \
+	$$p -c "" 2>/dev/null && { echo $$p; break; }; done)
 OLDEST_PINS := numpy==1.24.4 matplotlib==3.7.5 tqdm==4.64.1
 oldest:
+	@test -n "$(OLDEST_PYTHON)" || { echo "no Python 3.10 found: set OLDEST_PYTHON=/path/to/python3.10"; exit 1; }
 	test -x $(OLDEST_VENV)/bin/python || $(OLDEST_PYTHON) -m venv $(OLDEST_VENV)
 	$(MAKE) --no-print-directory torch VENV=$(OLDEST_VENV) TORCH_SPEC="torch==2.5.1"
 	$(OLDEST_VENV)/bin/python -m pip install -q $(OLDEST_PINS) -r requirements.txt
