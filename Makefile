@@ -122,7 +122,7 @@ oldest:
 	$(OLDEST_VENV)/bin/python -m pip install -q --no-deps -e .
 	$(OLDEST_VENV)/bin/python -c "import sys, torch, numpy, matplotlib; \
 		print('oldest:', sys.version.split()[0], torch.__version__, numpy.__version__, matplotlib.__version__)"
-	$(OLDEST_VENV)/bin/python -m pytest tests -q -p no:cacheprovider \
+	$(OLDEST_VENV)/bin/python -m pytest tests -q -p no:cacheprovider -n $(JOBS) \
 		--ignore tests/test_browser.py --ignore tests/test_colab.py
 	$(NB_ENV) $(OLDEST_VENV)/bin/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider \
 		-n $(JOBS) --dist loadscope notebooks -q
