@@ -57,7 +57,8 @@ torch:
 		$(PY) -m pip install "$(TORCH_SPEC)" $(TORCH_PIP_ARGS); \
 	elif $(PY) -m pip install --no-index --no-deps --timeout 5 --retries 0 \
 			--find-links $(TORCH_CPU_LINKS) "$(TORCH_SPEC)"; then \
-		echo "installed a CPU build of torch"; \
+		echo "installed a CPU build of torch; now its dependencies"; \
+		$(PY) -m pip install "$(TORCH_SPEC)"; \
 	else \
 		echo "WARNING: no CPU build of torch found (PyTorch's index unreachable, no local wheel);"; \
 		echo "WARNING: installing PyPI's torch, which on Linux is the CUDA build (several GB)."; \
