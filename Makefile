@@ -43,10 +43,12 @@ $(STAMP): requirements.txt pyproject.toml
 	$(MAKE) --no-print-directory torch
 	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install --no-deps -e .
+	$(MAKE) --no-print-directory $(LAB_OVERRIDES)
 	touch $(STAMP)
 
+# Also made for a .venv installed before this rule existed.
 install: $(LAB_OVERRIDES)
-$(LAB_OVERRIDES): $(STAMP)
+$(LAB_OVERRIDES):
 	mkdir -p $(dir $@)
 	printf '%s\n' '{"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": true}}' > $@
 

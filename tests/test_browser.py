@@ -65,6 +65,9 @@ def _free_port() -> int:
 def lab(tmp_path_factory):
     if not Path(CHROMIUM).exists():
         pytest.fail(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set COURSE_CHROMIUM)")
+    overrides = Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    if "saveState" not in (overrides.read_text() if overrides.exists() else ""):
+        pytest.fail(f"{overrides} does not turn on the widgets' saveState: run `make install`")
     tmp = tmp_path_factory.mktemp("lab")
     work, settings, workspaces = tmp / "work", tmp / "settings", tmp / "workspaces"
     assert nbtools.cmd_workcopy(work) == 0
