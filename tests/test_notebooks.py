@@ -137,6 +137,32 @@ def test_normalised(path):
     assert nbtools.cmd_check([path]) == 0, f"{rel(path)} is not normalised: run nbtools.py render"
 
 
+@pytest.mark.parametrize("path", ALL, ids=rel)
+def test_metadata_as_jupyterlab_writes_it(path):
+    """JupyterLab rewrites a kernelspec or language_info that differs from its own on opening."""
+    meta = json.loads(path.read_text())["metadata"]
+    assert meta["kernelspec"] == {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    info = meta["language_info"]
+    assert {k: v for k, v in info.items() if k != "version"} == nbtools.LANGUAGE_INFO
+    assert re.fullmatch(r"3\.\d+\.\d+", info["version"]), info["version"]
+
+
+def test_workcopy_keeps_the_learners_work_and_resets_one_lesson(tmp_path):
+    assert nbtools.cmd_workcopy(tmp_path) == 0
+    copies = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.ipynb"))
+    assert copies == sorted(p.relative_to(nbtools.NOTEBOOKS) for p in ALL)
+    lesson = tmp_path / LESSONS[0].name
+    assert json.loads(lesson.read_text())["cells"] == cells(LESSONS[0])
+    lesson.write_text('{"learner": "work"}')
+    assert nbtools.cmd_workcopy(tmp_path) == 0  # a second `make lab` keeps it
+    assert lesson.read_text() == '{"learner": "work"}'
+    assert nbtools.cmd_workcopy(tmp_path, reset=LESSONS[0].name[:2]) == 0  # make reset LESSON=00
+    assert json.loads(lesson.read_text())["cells"] == cells(LESSONS[0])
+    saved = list(tmp_path.glob(f"{lesson.stem}.saved-*.ipynb"))
+    assert len(saved) == 1 and saved[0].read_text() == '{"learner": "work"}'
+    assert nbtools.cmd_workcopy(tmp_path, reset="99") == 1  # no such lesson
+
+
 def imported_names(source):
     """Yield dotted names a cell imports from helpers ('helpers.masks', 'helpers.attention.softmax')."""
     lines = [ln for ln in source.split("\n") if not ln.lstrip().startswith(("%", "!"))]
