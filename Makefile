@@ -85,7 +85,7 @@ reset: $(STAMP)
 test: $(STAMP) lint unit notebooks
 
 lint: $(STAMP)
-	$(PY) -m ruff check helpers tests benchmarks
+	$(PY) -m ruff check helpers tests benchmarks notebooks data
 
 # The browser test runs from .ci/run (it needs Chromium and playwright), not here.
 unit: $(STAMP)
