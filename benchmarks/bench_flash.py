@@ -73,7 +73,7 @@ def run(args, device) -> list[dict]:
     dtype = torch.float32 if device.type == "cpu" else (
         torch.bfloat16 if dtype_supported(torch.bfloat16, device) else torch.float16)
     peak = peak_tflops(device)
-    rows = []
+    rows, said = [], set()
     for T in args.sizes:
         g = torch.Generator(device=device).manual_seed(T)
         q, k, v = (torch.randn(args.batch, args.heads, T, args.head_dim, generator=g, device=device, dtype=dtype)
@@ -95,6 +95,9 @@ def run(args, device) -> list[dict]:
                       flush=True)
             for name, reason in skipped.items():
                 rows.append(dict(T=T, mask=mask, contestant=name, skipped=reason))
+                if (name, reason) not in said:  # each reason once, not at every size
+                    said.add((name, reason))
+                    print(f"{name} skipped: {reason}", flush=True)
     return rows
 
 
