@@ -31,9 +31,8 @@ from common import (
     measure_contestants,
     save,
 )
-from torch import nn
 
-from helpers.attention import MultiHeadAttention
+from helpers.attention import MultiHeadAttention, to_torch_mha
 
 TARGET = 1.3  # the course's fused path within 1.3x of nn.MultiheadAttention(need_weights=False)
 
@@ -46,12 +45,7 @@ def course_has_fused_path() -> bool:
 def twins(d_model: int, n_heads: int, device, dtype):
     """A course MultiHeadAttention and an nn.MultiheadAttention holding the same weights, in eval mode."""
     ours = MultiHeadAttention(d_model, n_heads)
-    theirs = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
-    with torch.no_grad():  # torch keeps W_Q, W_K, W_V stacked in one (3C, C) matrix
-        theirs.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
-        theirs.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
-        theirs.out_proj.weight.copy_(ours.w_o.weight)
-        theirs.out_proj.bias.copy_(ours.w_o.bias)
+    theirs = to_torch_mha(ours)  # built in fp32 on the CPU, then moved: the random stream is the same everywhere
     return ours.to(device, dtype).eval(), theirs.to(device, dtype).eval()
 
 
