@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from common import (
     DTYPES,
-    add_common_args,
+    add_repeat_args,
+    announce,
+    command_line,
     dtype_supported,
-    environment,
     fit_peak,
     fmt_mib,
     fmt_ms,
@@ -34,8 +35,7 @@ from common import (
     measure_contestants,
     memory_budget,
     predict_peak,
-    start,
-    write_results,
+    save,
 )
 
 from helpers.attention import scaled_dot_product_attention as course_attention
@@ -273,21 +273,18 @@ def parse(argv):
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=None, help="H (default 8 on CPU, 16 on CUDA)")
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=None, help="blocks per implementation (median)")
-    p.add_argument("--warmup", type=int, default=2)
+    add_repeat_args(p, "blocks per implementation (median)")
     p.add_argument("--headline", action=argparse.BooleanOptionalAction, default=None,
                    help="run the bf16 T=8192 D=128 headline (default: on CUDA only)")
     p.add_argument("--headline-only", action="store_true", help="skip the sweep")
     p.add_argument("--headline-seq", type=int, default=8192)
     p.add_argument("--headline-heads", type=int, default=16)
     p.add_argument("--headline-batch", type=int, default=None, help="default: 4, 2 or 1, what fits")
-    add_common_args(p)
-    return p.parse_args(argv)
+    return command_line(p, argv)
 
 
 def main(argv=None) -> dict:
-    args = parse(argv)
-    device = start(args)
+    args, device = parse(argv)
     cuda = device.type == "cuda"
     if args.sizes is None:
         args.sizes = [128, 256, 512] if args.quick else (
@@ -300,8 +297,7 @@ def main(argv=None) -> dict:
     if args.headline_only:
         run_headline = True
     torch.manual_seed(0)
-    env = environment(device)
-    print(f"attention benchmark on {env['device_name']} ({device}), torch {env['torch']}", flush=True)
+    env = announce("attention benchmark", device)
     rows = [] if args.headline_only else sweep(args, device)
     slope_rows = slopes(rows)
     head = headline(args, device) if run_headline else None
@@ -309,9 +305,7 @@ def main(argv=None) -> dict:
         print(markdown([], [], head))
     payload = dict(benchmark="attention", environment=env, settings=vars(args), sweep=rows, slopes=slope_rows,
                    headline=head)
-    if not args.no_write:
-        for path in write_results("attention", device, payload, markdown(rows, slope_rows, head), args.tag):
-            print("wrote", path)
+    save("attention", device, payload, markdown(rows, slope_rows, head), args)
     return payload
 
 

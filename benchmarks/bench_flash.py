@@ -20,14 +20,14 @@ import sys
 import torch
 import torch.nn.functional as F
 from common import (
-    add_common_args,
+    add_repeat_args,
+    announce,
+    command_line,
     dtype_supported,
-    environment,
     fmt_ms,
     markdown_table,
-    start,
+    save,
     time_side_by_side,
-    write_results,
 )
 
 from helpers.flash import flash_attention, triton_block_sizes, triton_flash_attention
@@ -73,7 +73,7 @@ def run(args, device) -> list[dict]:
     dtype = torch.float32 if device.type == "cpu" else (
         torch.bfloat16 if dtype_supported(torch.bfloat16, device) else torch.float16)
     peak = peak_tflops(device)
-    rows = []
+    rows, said = [], set()
     for T in args.sizes:
         g = torch.Generator(device=device).manual_seed(T)
         q, k, v = (torch.randn(args.batch, args.heads, T, args.head_dim, generator=g, device=device, dtype=dtype)
@@ -95,6 +95,9 @@ def run(args, device) -> list[dict]:
                       flush=True)
             for name, reason in skipped.items():
                 rows.append(dict(T=T, mask=mask, contestant=name, skipped=reason))
+                if (name, reason) not in said:  # each reason once, not at every size
+                    said.add((name, reason))
+                    print(f"{name} skipped: {reason}", flush=True)
     return rows
 
 
@@ -133,15 +136,12 @@ def parse(argv):
     p.add_argument("--heads", type=int, default=None, help="H (default 16 on CUDA, 4 on CPU)")
     p.add_argument("--head-dim", type=int, default=None, help="D (default 128 on CUDA, 64 on CPU)")
     p.add_argument("--tiled-block", type=int, default=None, help="tiles of the PyTorch version (256 CUDA, 64 CPU)")
-    p.add_argument("--repeats", type=int, default=None, help="blocks per contestant (median)")
-    p.add_argument("--warmup", type=int, default=2)
-    add_common_args(p)
-    return p.parse_args(argv)
+    add_repeat_args(p, "blocks per contestant (median)")
+    return command_line(p, argv)
 
 
 def main(argv=None) -> dict:
-    args = parse(argv)
-    device = start(args)
+    args, device = parse(argv)
     cuda = device.type == "cuda"
     if args.sizes is None:
         args.sizes = ([256, 512] if not cuda else [512, 1024]) if args.quick else (
@@ -152,14 +152,11 @@ def main(argv=None) -> dict:
     args.tiled_block = args.tiled_block or (256 if cuda else 64)
     args.repeats = args.repeats or (3 if args.quick else (10 if cuda else 5))
     args.triton_blocks = triton_block_sizes(device) if cuda else None
-    env = environment(device)
-    print(f"flash benchmark on {env['device_name']} ({device}), torch {env['torch']}", flush=True)
+    env = announce("flash benchmark", device)
     rows = run(args, device)
     goals = targets(rows, device)
     payload = dict(benchmark="flash", environment=env, settings=vars(args), rows=rows, targets=goals)
-    if not args.no_write:
-        for path in write_results("flash", device, payload, markdown(rows, args, goals), args.tag):
-            print("wrote", path)
+    save("flash", device, payload, markdown(rows, args, goals), args)
     return payload
 
 

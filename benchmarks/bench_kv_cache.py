@@ -25,14 +25,14 @@ from pathlib import Path
 import torch
 from common import (
     DTYPES,
-    add_common_args,
-    environment,
+    add_repeat_args,
+    announce,
+    command_line,
     fmt_ms,
     fmt_ratio,
     markdown_table,
     measure_contestants,
-    start,
-    write_results,
+    save,
 )
 
 from helpers.data import char_vocabs, load_dates
@@ -149,16 +149,13 @@ def parse(argv):
     p.add_argument("--widths", type=int, nargs="*", default=None,
                    help="d_model values of the per-step sweep (default 32 ... 1024; none to skip)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
-    p.add_argument("--repeats", type=int, default=None, help="runs of each decoder, interleaved (median)")
-    p.add_argument("--warmup", type=int, default=1)
+    add_repeat_args(p, "runs of each decoder, interleaved (median)", warmup=1)
     p.add_argument("--seed", type=int, default=0)
-    add_common_args(p, "32 tokens, batches 1 and 4, 3 runs: a smoke test")
-    return p.parse_args(argv)
+    return command_line(p, argv, "32 tokens, batches 1 and 4, 3 runs: a smoke test")
 
 
 def main(argv=None) -> dict:
-    args = parse(argv)
-    device = start(args)
+    args, device = parse(argv)
     if args.quick:
         args.new_tokens = min(args.new_tokens, 32)
     if not 1 <= args.new_tokens <= 511:
@@ -166,17 +163,14 @@ def main(argv=None) -> dict:
     args.batches = args.batches or ([1, 4] if args.quick else [1, 64])
     if args.widths is None:
         args.widths = [32, 64, 128] if args.quick else [32, 64, 128, 256, 512, 1024]
-    env = environment(device)
-    print(f"KV-cache benchmark on {env['device_name']} ({device}), torch {env['torch']}", flush=True)
+    env = announce("KV-cache benchmark", device)
     results = [compare(args, device, b) for b in args.batches]
     print(markdown(results, []), flush=True)
     widths = width_sweep(args, device) if args.widths else []
     body = markdown(results, widths)
     print(body)
     payload = dict(benchmark="kv_cache", environment=env, settings=vars(args), results=results, widths=widths)
-    if not args.no_write:
-        for path in write_results("kv_cache", device, payload, body, args.tag):
-            print("wrote", path)
+    save("kv_cache", device, payload, body, args)
     return payload
 
 

@@ -20,20 +20,19 @@ import sys
 import torch
 from common import (
     DTYPES,
-    add_common_args,
+    add_repeat_args,
+    announce,
+    command_line,
     dtype_supported,
-    environment,
     fmt_mib,
     fmt_ms,
     fmt_ratio,
     markdown_table,
     measure_contestants,
-    start,
-    write_results,
+    save,
 )
-from torch import nn
 
-from helpers.attention import MultiHeadAttention
+from helpers.attention import MultiHeadAttention, to_torch_mha
 
 TARGET = 1.3  # the course's fused path within 1.3x of nn.MultiheadAttention(need_weights=False)
 
@@ -46,12 +45,7 @@ def course_has_fused_path() -> bool:
 def twins(d_model: int, n_heads: int, device, dtype):
     """A course MultiHeadAttention and an nn.MultiheadAttention holding the same weights, in eval mode."""
     ours = MultiHeadAttention(d_model, n_heads)
-    theirs = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
-    with torch.no_grad():  # torch keeps W_Q, W_K, W_V stacked in one (3C, C) matrix
-        theirs.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
-        theirs.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
-        theirs.out_proj.weight.copy_(ours.w_o.weight)
-        theirs.out_proj.bias.copy_(ours.w_o.bias)
+    theirs = to_torch_mha(ours)  # built in fp32 on the CPU, then moved: the random stream is the same everywhere
     return ours.to(device, dtype).eval(), theirs.to(device, dtype).eval()
 
 
@@ -161,15 +155,12 @@ def parse(argv):
     p.add_argument("--batch", type=int, default=None, help="B (default 4 on CPU, 8 on CUDA)")
     p.add_argument("--d-model", type=int, default=None, help="C (default 256 on CPU, 1024 on CUDA)")
     p.add_argument("--heads", type=int, default=None, help="H (default 8 on CPU, 16 on CUDA)")
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--warmup", type=int, default=2)
-    add_common_args(p)
-    return p.parse_args(argv)
+    add_repeat_args(p)
+    return command_line(p, argv)
 
 
 def main(argv=None) -> dict:
-    args = parse(argv)
-    device = start(args)
+    args, device = parse(argv)
     cuda = device.type == "cuda"
     if args.sizes is None:
         args.sizes = [32, 64, 128] if args.quick else ([256, 512, 1024, 2048, 4096] if cuda else [64, 128, 256, 512])
@@ -178,13 +169,10 @@ def main(argv=None) -> dict:
     args.d_model = args.d_model or (1024 if cuda else 256)
     args.heads = args.heads or (16 if cuda else 8)
     args.repeats = args.repeats or (3 if args.quick else (10 if cuda else 7))
-    env = environment(device)
-    print(f"multi-head attention benchmark on {env['device_name']} ({device}), torch {env['torch']}", flush=True)
+    env = announce("multi-head attention benchmark", device)
     rows = run(args, device)
     payload = dict(benchmark="mha", environment=env, settings=vars(args), rows=rows)
-    if not args.no_write:
-        for path in write_results("mha", device, payload, markdown(rows), args.tag):
-            print("wrote", path)
+    save("mha", device, payload, markdown(rows), args)
     return payload
 
 

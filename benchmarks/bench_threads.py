@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import add_common_args, environment, markdown_table, time_side_by_side, write_results
+from common import add_common_args, environment, markdown_table, save, time_side_by_side
 
 from helpers.data import char_vocabs, load_dates
 from helpers.device import cpu_threads
@@ -91,9 +91,7 @@ def main(argv=None) -> dict:
             + markdown_table(["machine state", "torch threads", "median ms/step", "min ms", "max ms", "steps/s"], rows))
     print(body)
     payload = dict(benchmark="threads", environment=env, settings=vars(args), load_average=load, results=results)
-    if not args.no_write:
-        for path in write_results("threads", torch.device("cpu"), payload, body, args.tag):
-            print("wrote", path)
+    save("threads", torch.device("cpu"), payload, body, args)
     return payload
 
 

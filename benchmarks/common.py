@@ -251,3 +251,33 @@ def measure_contestants(fns: dict, device: torch.device, repeats: int, warmup: i
             del fns[worst], peaks[worst]
             release_memory(device)
     return {}, peaks, skipped
+
+
+# --- the steps every benchmark's command line and main() take ---------------------------------------------
+
+
+def add_repeat_args(parser, repeats_help: str | None = None, warmup: int = 2) -> None:
+    """Add --repeats (blocks per contestant; None: the benchmark's default) and --warmup (calls before timing)."""
+    parser.add_argument("--repeats", type=int, default=None, help=repeats_help)
+    parser.add_argument("--warmup", type=int, default=warmup)
+
+
+def announce(what: str, device: torch.device) -> dict:
+    """Print the line that opens a benchmark's output (what, on which device, which torch); return environment()."""
+    env = environment(device)
+    print(f"{what} on {env['device_name']} ({device}), torch {env['torch']}", flush=True)
+    return env
+
+
+def save(name: str, device: torch.device, payload: dict, markdown_body: str, args) -> None:
+    """Write the result files (unless --no-write) under --tag, printing each path written."""
+    if not args.no_write:
+        for path in write_results(name, device, payload, markdown_body, args.tag):
+            print("wrote", path)
+
+
+def command_line(parser, argv, quick_help: str | None = None) -> tuple:
+    """Add the common flags to ``parser``, parse ``argv`` and start: (args, the device to run on)."""
+    add_common_args(parser, *([quick_help] if quick_help else []))
+    args = parser.parse_args(argv)
+    return args, start(args)

@@ -11,7 +11,7 @@ import torch
 
 from helpers._validate import positive_ints as _check_positive
 from helpers.attention import scaled_dot_product_attention
-from helpers.transformer import _check_decode_args
+from helpers.transformer import check_decode_args
 
 # --- counting and measuring ----------------------------------------------------------------------
 
@@ -284,7 +284,7 @@ def greedy_decode_cached(model, src: torch.Tensor, bos_id: int, eos_id: int, max
     graph and replayed; elsewhere the same step runs eagerly. Returns (B, L) ids laid out
     exactly as greedy_decode's.
     """
-    _check_decode_args(model, src, bos_id, eos_id, max_len)
+    check_decode_args(model, src, bos_id, eos_id, max_len)
     if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every <= 0:
         raise ValueError(f"check_every must be a positive int, got {check_every!r}")
     device = src.device

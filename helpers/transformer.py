@@ -351,7 +351,12 @@ class Transformer(nn.Module):
 # --- decoding ----------------------------------------------------------------------------------
 
 
-def _check_decode_args(model, src, bos_id, eos_id, max_len):
+def check_decode_args(model, src, bos_id, eos_id, max_len) -> None:
+    """Raise a clear error unless the arguments of a greedy or beam decoder are valid (lesson 08).
+
+    model must be a Transformer, src (B, S) its source token ids, bos_id and eos_id target token ids
+    (bos_id not the pad id), and max_len an int in [2, model max_len]. Shared by every decoder.
+    """
     if not isinstance(model, Transformer):
         raise TypeError(f"model must be a helpers.transformer.Transformer, got {type(model).__name__}")
     cfg = model.config
@@ -392,7 +397,7 @@ def greedy_decode(model: Transformer, src: torch.Tensor, bos_id: int, eos_id: in
     eos_id holds pad_id. The model runs in eval mode (no dropout) and its mode is restored after.
     The arguments are checked once, before the loop.
     """
-    _check_decode_args(model, src, bos_id, eos_id, max_len)
+    check_decode_args(model, src, bos_id, eos_id, max_len)
     was_training = model.training
     model.eval()
     try:
@@ -434,7 +439,7 @@ def beam_search(model: Transformer, src: torch.Tensor, bos_id: int, eos_id: int,
     Defaults are the 2017 paper's (section 6.1: k = 4, alpha = 0.6). beam_size=1 is greedy decoding.
     Returns (B, L) ids laid out like ``greedy_decode``'s: BOS first, pad_id after eos_id.
     """
-    _check_decode_args(model, src, bos_id, eos_id, max_len)
+    check_decode_args(model, src, bos_id, eos_id, max_len)
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size <= 0:
         raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or length_penalty < 0:
