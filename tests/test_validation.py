@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import setuptools
-import tomllib
 import torch
 
 from helpers._validate import as_int, positive_int, probability
@@ -297,6 +296,7 @@ def test_a_well_formed_but_changed_row_fails_the_sha256_check(tmp_path):
 # --- packaging ------------------------------------------------------------------------------------------
 
 def test_every_helpers_package_is_found_by_the_build():
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     find = config["tool"]["setuptools"]["packages"]["find"]
     found = set(setuptools.find_packages(str(ROOT), include=find["include"]))
