@@ -1,8 +1,9 @@
 """Lesson 10's FlashAttention forward as a Triton kernel, in its own module (lesson 10).
 
 Imported only by ``helpers.flash.triton_flash_attention``, so that importing ``helpers.flash`` never
-needs Triton. The kernel sits at module level, where ``tl`` is a global: the Triton that torch 2.5 brings (3.1) reads the
-names a kernel uses from its module's globals and rejects a kernel defined inside a function.
+needs Triton. The kernel sits at module level, where ``tl`` is a global: the Triton that
+torch 2.5 brings (3.1) reads the names a kernel uses from its module's globals, and rejects a
+kernel defined inside a function.
 """
 
 import triton
