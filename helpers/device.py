@@ -147,9 +147,11 @@ def _quiet_stderr():
 
 
 # How many threads the lessons' small models train with on the CPU. Measured on a 2-core machine
-# (benchmarks/results/threads_cpu*.md): a lesson-08-sized training step is no faster with 2 threads
-# than with 1 when the machine is idle, and several times slower when another process is busy,
-# because each of the model's many small operations waits for the thread that the scheduler parked.
+# (benchmarks/results/threads_cpu*.md): a lesson-08-sized training step is 1.4x faster with 2 threads
+# than with 1 when the machine is idle, but 2.6x slower as soon as one other process keeps a core busy
+# (another notebook, the second nbval worker) and 10x slower on a busy shared machine, because each of
+# the model's many small operations waits for the thread that the scheduler parked. One thread gives
+# up a little on an idle machine to avoid a large loss on a shared one.
 SMALL_MODEL_THREADS = 1
 
 
@@ -158,7 +160,8 @@ def cpu_threads(n: int = SMALL_MODEL_THREADS):
     """Run the block with torch using n CPU threads (default 1, for small models), then restore (lesson 00).
 
     Small models (lessons 02-08) spend their time in many small operations, where a second thread
-    adds waiting, not speed; a large matrix product is where more threads pay. GPU work is
+    gains little on an idle machine and loses much on a busy one; a large matrix product is where
+    more threads pay. GPU work is
     unaffected. Usage: ``with cpu_threads(): train(...)``.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
