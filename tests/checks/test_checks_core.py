@@ -1,8 +1,10 @@
 """The checks' engine (helpers/checks/_core.py): one line, stubs, crashes, in-place edits, types, layouts."""
 
 import numpy as np
+import pytest
 import torch
 
+from helpers import checks
 from helpers.checks import Bug, Case, check, check_prediction, compare
 
 
@@ -114,3 +116,31 @@ def test_dtype_tolerances_and_success_wording(verdict):
                                         bugs=[Bug("that is x + 1", lambda x: x + 1)], bug_tolerance=(1e-6, 0.0)),
                        lambda x: x + 1 + 1e-8)
     assert not ok and line.endswith("that is x + 1")
+
+
+# --- every exercise check of every lesson: a stub and a crash --------------------------------------
+
+EXERCISE_CHECKS = sorted(
+    (getattr(checks, name) for name in dir(checks)
+     if name.startswith("check_") and not name.startswith("check_predict") and name != "check_prediction"),
+    key=lambda c: c.__name__)
+
+
+def _stub_answer(*args, **kwargs):
+    return None
+
+
+def _crashing_answer(*args, **kwargs):
+    raise IndexError("boom")
+
+
+@pytest.mark.parametrize("check", EXERCISE_CHECKS, ids=lambda c: c.__name__)
+def test_every_check_calls_a_stub_not_implemented_yet(check, verdict):
+    ok, line = verdict(check, _stub_answer)
+    assert not ok and line.startswith("…") and "not implemented yet" in line
+
+
+@pytest.mark.parametrize("check", EXERCISE_CHECKS, ids=lambda c: c.__name__)
+def test_every_check_reports_a_crash_instead_of_raising(check, verdict):
+    ok, line = verdict(check, _crashing_answer)
+    assert not ok and "raised IndexError: boom" in line
