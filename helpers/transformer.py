@@ -8,7 +8,7 @@ Masks follow the course's polarity everywhere: boolean, True = may attend.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -75,13 +75,6 @@ class TransformerConfig:
         eps = self.layer_norm_eps
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 1.0:
             raise ValueError(f"layer_norm_eps must be a small positive number in (0, 1), got {eps!r}")
-
-    def __repr__(self) -> str:
-        # activation and layer_norm_eps (lesson 11) are shown only when they differ from their
-        # defaults, so that the configs printed in lessons 07-10 read as they always did
-        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
-                 if f.name not in ("activation", "layer_norm_eps") or getattr(self, f.name) != f.default]
-        return f"{type(self).__name__}({', '.join(shown)})"
 
     @property
     def head_dim(self) -> int:
