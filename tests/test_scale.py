@@ -262,6 +262,19 @@ def test_benchmarks_smoke():
     assert out["rows"][0]["max_abs_diff"] < 1e-4
 
 
+def test_minilm_benchmark_smoke():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_minilm
+
+    out = bench_minilm.main(["--device", "cpu", "--batches", "1", "3", "--repeats", "1", "--warmup", "0",
+                             "--no-write"])
+    assert out["not_run"] is None and [r["batch"] for r in out["rows"]] == [1, 3]
+    three = out["rows"][1]
+    assert three["max_abs_diff"] < 1e-4
+    assert three["tokens"] <= 3 * three["padded_length"] and three["sentences_per_s"] > 0
+    assert three["sentence_tokens"][0] <= three["padded_length"] <= three["sentence_tokens"][1]
+
+
 def test_importing_scale_has_no_side_effects():
     import subprocess
 
