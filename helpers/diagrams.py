@@ -196,15 +196,17 @@ def seq2seq_diagram(source, target, weights=None, hidden_size=None):
         for x in xs:
             arrow(ax, (x, y0 + 1.29), (x, y0 + 1.56), lw=1)
         ys = token_row(ax, [f"s{i}" for i in range(T)], x0, y0 + 2.95, span, role="query", fontsize=SMALL)
+        for a, b in zip(ys[:-1], ys[1:], strict=True):  # the decoder is recurrent too: s_i reads s_(i-1)
+            arrow(ax, (a + 0.2, y0 + 2.95), (b - 0.2, y0 + 2.95), role="query", lw=1)
         outs = token_row(ax, tgt, x0, y0 + 3.6, span, fontsize=SMALL)
         for x in outs:
             arrow(ax, (x, y0 + 3.14), (x, y0 + 3.41), lw=1)
         if not attention:
             cx = x0 + span + 0.05
-            box(ax, cx, y0 + 2.35, 0.45, 0.36, "c", role="weights")
+            box(ax, cx, y0 + 2.35, 0.45, 0.36, "c", role="value")
             arrow(ax, (hs[-1] + 0.2, y0 + 1.8), (cx, y0 + 2.16), role="key")
             for x in ys:
-                ax.plot([cx - 0.22, x], [y0 + 2.35, y0 + 2.76], color=ROLE_COLORS["weights"], lw=1)
+                ax.plot([cx - 0.22, x], [y0 + 2.35, y0 + 2.76], color=ROLE_COLORS["value"], lw=1)
             ax.text(x0, y0 + 0.55, f"one context vector c (the encoder's final state{hid}), the same for all "
                     f"{T} steps: every output must be read from it", fontsize=FONT, va="center")
         else:
@@ -216,7 +218,7 @@ def seq2seq_diagram(source, target, weights=None, hidden_size=None):
                                 lw=0.4 + 2.0 * w[i, j] / top, alpha=0.15 + 0.85 * w[i, j] / top)
             what = "weights given" if weights is not None else "uniform weights (none given)"
             ax.text(x0, y0 + 0.55, f"step i scores all {S} encoder states h_j and reads its own context "
-                    f"c_i = sum_j a_ij v_j;\nline darkness and width = a_ij ({what})", fontsize=FONT, va="center")
+                    f"c_i = sum_j a_ij h_j;\nline darkness and width = a_ij ({what})", fontsize=FONT, va="center")
 
     ax.text(0.15, 7.95, "without attention (Cho et al. 2014)", fontsize=FONT + 1, weight="bold")
     half(4.0, attention=False)
@@ -295,7 +297,8 @@ def qkv_diagram(T, C, D, query_index=None, S=None):
     arrow(ax, (5.28, 1.2), (8.8, 1.2), role="value")
     ax.text(0.2, 0.3, f"output row {t} = softmax(K q / sqrt(D)) V; all {T} rows at once: "
             f"softmax(Q K^T / sqrt(D)) V, shape (T, D) = ({T}, {D})", fontsize=FONT)
-    legend(ax, 0.2, 5.05, [("query", "queries"), ("key", "keys"), ("value", "values")])
+    legend(ax, 5.7, 5.05, [("query", "queries"), ("key", "keys"), ("value", "values"),
+                           ("weights", "scores and weights")])
     return fig
 
 

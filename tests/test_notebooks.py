@@ -90,6 +90,14 @@ def test_there_are_lessons_and_each_has_solutions():
         assert solution.exists(), f"{rel(lesson)} has no solutions notebook {rel(solution)}"
 
 
+def test_the_welcome_map_lists_every_lesson():
+    welcome = next(p for p in LESSONS if p.name.startswith("00_"))
+    rows = re.findall(r"^\| (\d{2}) ", "\n".join(text(c) for c in cells(welcome) if c["cell_type"] == "markdown"),
+                      flags=re.MULTILINE)
+    lessons = [p.name[:2] for p in LESSONS if p != welcome]
+    assert rows == lessons, f"lesson 00's map lists lessons {rows}; the lessons after it are {lessons}"
+
+
 @pytest.mark.parametrize("path", ALL, ids=rel)
 def test_title_badge_and_setup_cell(path):
     cs = cells(path)

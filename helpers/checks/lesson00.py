@@ -49,6 +49,6 @@ def check_scores_shape(fn) -> CheckResult:
     def as_tuple(got, expected):
         return tuple(got) if isinstance(got, (tuple, list, torch.Size)) else got
 
-    bugs = [Bug("(B, H, T, D) is the shape of the queries; the scores pair every query with every key: "
-                "(B, H, T, S)", lambda B, H, T, S: (B, H, S, T))]
+    bugs = [Bug("T and S are swapped: each row of the scores is one query and each column one key, "
+                "so the shape is (B, H, T, S), not (B, H, S, T)", lambda B, H, T, S: (B, H, S, T))]
     return check("scores_shape", fn, lambda B, H, T, S: (B, H, T, S), cases, bugs=bugs, adapt=as_tuple)

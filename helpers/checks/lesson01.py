@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import numbers
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -122,16 +124,31 @@ def check_alignment_accuracy(fn) -> CheckResult:
     ]
 
     def as_float(got, expected):
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            return float(got)
-        return float(got) if isinstance(got, (int, float)) and not isinstance(got, bool) else \
+        if isinstance(got, torch.Tensor):
+            got = got.detach().cpu().numpy()
+        if isinstance(got, np.ndarray) and got.size == 1:
+            got = got.reshape(())[()]  # a one-element array -> a numpy scalar
+        if isinstance(got, np.generic):
+            got = got.item()  # a numpy scalar such as np.float32 -> a Python number
+        return float(got) if isinstance(got, numbers.Real) and not isinstance(got, bool) else \
             f"return a number (a fraction between 0 and 1), got {type(got).__name__}"
+
+    def padded_target(w, n):  # output i compared with S - 1 - i (the padded width) instead of L - 1 - i
+        hits = total = 0
+        S = w.shape[-1]
+        for b, L in enumerate(n.tolist()):
+            best = w[b, :L].argmax(dim=-1)  # (L,)
+            hits += (best == torch.arange(S - 1, S - 1 - L, -1)).sum().item()
+            total += L
+        return hits / total
 
     def per_batch_mean(w, n):  # the mean of the per-sequence accuracies, not the fraction of all outputs
         return sum(_alignment_accuracy(w[b:b + 1], n[b:b + 1]) for b in range(len(n))) / len(n)
 
     bugs = [Bug("that is the mean of the sequences' accuracies; count the hits over all real outputs "
-                "together (longer sequences weigh more)", per_batch_mean)]
+                "together (longer sequences weigh more)", per_batch_mean),
+            Bug("the target of output i is lengths[b] - 1 - i, from each sequence's own length, not from the "
+                "padded width S", padded_target)]
     return check("alignment_accuracy", fn, _alignment_accuracy, cases, bugs=bugs, adapt=as_float)
 
 

@@ -42,7 +42,7 @@ def test_scores_shape(accepts, rejects):
     accepts(check_scores_shape, lambda B, H, T, S: (B, H, T, S), "✓ scores_shape: matches the reference on all 2 cases")
     accepts(check_scores_shape, lambda B, H, T, S: torch.Size([B, H, T, S]))
     rejects(check_scores_shape, lambda B, H, T, S: None, "not implemented yet")
-    rejects(check_scores_shape, lambda B, H, T, S: (B, H, S, T), "(B, H, T, S)")
+    rejects(check_scores_shape, lambda B, H, T, S: (B, H, S, T), "T and S are swapped")
     rejects(check_scores_shape, lambda B, H, T, S: (B, T, S), "expected a tuple of 4")
     rejects(check_scores_shape, lambda B, H, T, S: (B, H, T, T), "✗ scores_shape: on B=2, H=4, T=3, S=5")
     rejects(check_scores_shape, lambda B, H, T, S: (B, H, T, S / 1), "✗ scores_shape")

@@ -1,5 +1,6 @@
 """Lesson 01's checks: right answers pass with the stored line, stubs say so, wrong answers are named."""
 
+import numpy as np
 import torch
 
 from helpers.checks import (
@@ -123,6 +124,22 @@ def test_alignment_accuracy(accepts, rejects):
         return sum(alignment_accuracy(weights[b:b + 1], lengths[b:b + 1]) for b in range(len(lengths))) / len(lengths)
     rejects(check_alignment_accuracy, mean_of_means, "mean of the sequences' accuracies")
     rejects(check_alignment_accuracy, lambda w, n: [alignment_accuracy(w, n)], "return a number")
+    rejects(check_alignment_accuracy, lambda w, n: True, "return a number")
+    accepts(check_alignment_accuracy, lambda w, n: np.float32(alignment_accuracy(w, n)))  # a numpy scalar
+
+    def in_numpy(weights, lengths):  # correct, all in numpy: returns np.float32
+        w, hits = weights.numpy(), []
+        for b, n in enumerate(lengths.tolist()):
+            hits.append((w[b, :n].argmax(-1) == np.arange(n - 1, -1, -1)).astype(np.float32))
+        return np.concatenate(hits).mean()
+    accepts(check_alignment_accuracy, in_numpy)
+
+    def from_padded_width(weights, lengths):  # targets counted back from S, not from each length
+        S = weights.shape[-1]
+        hits = sum((weights[b, :n].argmax(-1) == torch.arange(S - 1, S - 1 - n, -1)).sum().item()
+                   for b, n in enumerate(lengths.tolist()))
+        return hits / lengths.sum().item()
+    rejects(check_alignment_accuracy, from_padded_width, "not from the padded width S")
 
     def identity_alignment(weights, lengths):  # checks the diagonal, not the reversal
         hits = sum((weights[b, :n].argmax(-1) == torch.arange(n)).sum().item() for b, n in enumerate(lengths.tolist()))
