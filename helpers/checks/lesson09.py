@@ -82,6 +82,15 @@ def _local_reference(q, k, v, window):
     return scaled_dot_product_attention(q, k, v, mask=sliding_window_mask(q.shape[-2], window))[0]
 
 
+def _blocks_without_mask(q, k, v, window):
+    """The likely slip: blocks of `window` queries against the keys from window - 1 before the block, unmasked."""
+    T, out = q.shape[2], torch.empty_like(q)
+    for start in range(0, T, window):
+        end, lo = min(start + window, T), max(0, start - window + 1)
+        out[:, :, start:end] = scaled_dot_product_attention(q[:, :, start:end], k[:, :, lo:end], v[:, :, lo:end])[0]
+    return out
+
+
 def check_local_attention(fn) -> CheckResult:
     """Check ``local_attention(q, k, v, window)`` equals masked attention and never builds (T, T) scores (lesson 09)."""
     g = torch.Generator().manual_seed(9)
@@ -111,7 +120,9 @@ def check_local_attention(fn) -> CheckResult:
                 "not window keys before it plus itself",
                 lambda q, k, v, w: _local_reference(q, k, v, w + 1)),
             Bug("the mask is missing: this is full attention, where queries see the future",
-                lambda q, k, v, w: scaled_dot_product_attention(q, k, v)[0])]
+                lambda q, k, v, w: scaled_dot_product_attention(q, k, v)[0]),
+            Bug("inside a block of keys, each query must still be masked: it may see key s only if s <= t and "
+                "t - s < window; here queries see later keys of their own block", _blocks_without_mask)]
     return check("local_attention", fn, _local_reference, cases, bugs=bugs, adapt=first_output,
                  then=small_memory)
 

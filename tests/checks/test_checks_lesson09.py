@@ -83,6 +83,15 @@ def test_local_attention(accepts, rejects):
     rejects(check_local_attention, lambda q, k, v, w: scaled_dot_product_attention(q, k, v)[0], "the mask is missing")
     rejects(check_local_attention, lambda q, k, v, w: chunked(q, k, v, w + 1), "window keys in all")
 
+    def blocks_unmasked(q, k, v, window):  # the right keys for each block, but no mask inside it
+        out = torch.empty_like(q)
+        for start in range(0, q.shape[2], window):
+            lo = max(0, start - window + 1)
+            out[:, :, start:start + window] = scaled_dot_product_attention(
+                q[:, :, start:start + window], k[:, :, lo:start + window], v[:, :, lo:start + window])[0]
+        return out
+    rejects(check_local_attention, blocks_unmasked, "queries see later keys of their own block")
+
     def whole_blocks_only(q, k, v, window):  # drops the last, shorter block when window does not divide T
         T = q.shape[2] - q.shape[2] % window
         out = torch.zeros_like(q)
