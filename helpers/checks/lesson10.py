@@ -6,8 +6,9 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction
+from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, first_output, torch_calls
 from helpers.device import peak_memory
 from helpers.flash import flash_attention_forward
 from helpers.masks import causal_mask
@@ -35,6 +36,45 @@ def _logsumexp_without_max(x, chunk):
     return torch.log(torch.exp(x).sum(dim=-1))
 
 
+class _WholeRowReductions(TorchFunctionMode):
+    """Record the reductions (logsumexp, softmax, max, ...) called on tensors whose last dim is a whole row."""
+
+    NAMES = {"logsumexp", "special_logsumexp", "logcumsumexp", "softmax", "log_softmax", "amax", "max"}
+
+    def __init__(self, row_length: int):
+        super().__init__()
+        self.row_length, self.found = row_length, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in self.NAMES and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
+            x, rest = args[0], args[1:]
+            dim = kwargs.get("dim", rest[0] if rest else None)
+            if not isinstance(dim, torch.Tensor):  # torch.max(a, b) is elementwise, not a reduction
+                dims = range(x.dim()) if dim is None or dim == () else [dim] if isinstance(dim, int) else dim
+                try:
+                    whole_row = x.shape[-1] == self.row_length and x.dim() - 1 in [d % x.dim() for d in dims]
+                except TypeError:  # named dimensions: not ours to judge
+                    whole_row = False
+                if whole_row:
+                    self.found.append(name)
+        return func(*args, **kwargs)
+
+
+def _reads_in_chunks(fn):
+    """The values are right; now make sure that no reduction ran over a whole row at once."""
+    g = torch.Generator().manual_seed(15)
+    N, chunk = 10, 3  # ceil(10 / 3) = 4 chunks: a (..., N) tensor can only be a whole row
+    with _WholeRowReductions(N) as recorder:
+        fn(_rand(g, 3, N), chunk)
+    if recorder.found:
+        return False, (f"the values are right, but it called {recorder.found[0]} over whole rows of {N} entries "
+                       f"(chunk={chunk}): read x {chunk} entries at a time, keeping a running maximum and a "
+                       "running sum")
+    return True, ", -inf entries and an all -inf row included"
+
+
 def check_online_logsumexp(fn) -> CheckResult:
     """Check ``online_logsumexp(x, chunk)``: log(sum(exp(x))) over the last dim, by chunks (lesson 10)."""
     g = torch.Generator().manual_seed(10)
@@ -54,8 +94,7 @@ def check_online_logsumexp(fn) -> CheckResult:
             Bug("the result overflows: exp of large entries is inf unless the running maximum is subtracted "
                 "first", _logsumexp_without_max)]
     return check("online_logsumexp", fn, lambda x, chunk: torch.logsumexp(x, dim=-1), cases, bugs=bugs,
-                 **_TOLERANCES, matches="matches torch.logsumexp",
-                 then=lambda fn: (True, ", -inf entries and an all -inf row included"))
+                 **_TOLERANCES, matches="matches torch.logsumexp", then=_reads_in_chunks)
 
 
 # --- exercise 2: counting the blocks a causal kernel skips -------------------------------------------
@@ -146,12 +185,36 @@ def _reversed_mask(q, k, v, bq, bk):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(T, T, dtype=torch.bool).triu())
 
 
+def _sees_only_the_past(first_row: float):
+    """Causal attention where query t sees keys 0..t-1 only: row 0 sees nothing and becomes ``first_row``."""
+
+    def attend(q, k, v, bq, bk):
+        T = q.shape[-2]
+        mask = torch.ones(T, T, dtype=torch.bool).tril(-1)  # the bug: j >= i masked, not j > i
+        mask[0, 0] = True  # keeps SDPA finite; row 0 is replaced below
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out[..., 0, :] = first_row  # NaN from 0 / 0, or 0 where the sum was clamped
+        return out
+
+    return attend
+
+
+def _unscaled_causal(q, k, v, bq, bk):
+    return F.scaled_dot_product_attention(q * math.sqrt(q.shape[-1]), k, v, is_causal=True)  # no 1/sqrt(D)
+
+
 def _skips_tiles(fn):
     """The values are right; now count the FLOPs of fn's matrix products against skipping every tile it may."""
     g = torch.Generator().manual_seed(13)
     B, H, T, D, bq, bk = 1, 2, 128, 8, 16, 16
     q, k, v = (_rand(g, B, H, T, D) for _ in range(3))
+    if "scaled_dot_product_attention" in torch_calls(fn, q, k, v, bq, bk):
+        return False, ("the values are right, but compute the tiles yourself with @: "
+                       "F.scaled_dot_product_attention does not show the tiling")
     used = _matmul_flops(fn, q, k, v, bq, bk)
+    if used == 0:
+        return False, ("the values are right, but no matrix product was counted: compute each tile with @ "
+                       "(q_i @ k_j^T, then p @ v_j), so that the check can see which tiles you compute")
     needed = _causal_flops(B, H, T, D, bq, bk)
     full = 4 * B * H * T * T * D
     if used > needed:
@@ -174,9 +237,13 @@ def check_causal_flash_attention(fn) -> CheckResult:
              Case("B=1, H=1, T=10, D=3, blocks 64x64 (one tile)", qkv(1, 1, 10, 3) + (64, 64)),
              Case("float32, B=1, H=3, T=50, D=8, blocks 7x9", qkv(1, 3, 50, 8, dtype=torch.float32) + (7, 9))]
     bugs = [Bug("it attends to future keys: query t may see keys 0..t only", _attends_to_the_future),
-            Bug("the mask points the wrong way: query t sees keys t..T-1 instead of 0..t", _reversed_mask)]
+            Bug("the mask points the wrong way: query t sees keys t..T-1 instead of 0..t", _reversed_mask),
+            *(Bug("a query must see itself: mask key j from query i only when j > i, not when j >= i",
+                  _sees_only_the_past(first_row)) for first_row in (float("nan"), 0.0)),
+            Bug("the scale is missing: the scores are q k^T / sqrt(D)", _unscaled_causal)]
+    # (out, lse), as tiled_attention returns, is accepted: the check compares out
     return check("causal_flash_attention", fn, _causal_reference, cases, bugs=bugs, **_TOLERANCES,
-                 matches="matches causal SDPA", then=_skips_tiles)
+                 adapt=first_output, matches="matches causal SDPA", then=_skips_tiles)
 
 
 # --- exercise 4: the gradient of v from the saved log-sum-exp ----------------------------------------

@@ -29,6 +29,10 @@ def _divided_by_length(hidden, mask):
     return (hidden * mask[..., None].to(hidden.dtype)).sum(dim=1) / hidden.shape[1]  # the bug: / L, not / count
 
 
+def _normalised_mean(hidden, mask):
+    return F.normalize(_mean_pool(hidden, mask), dim=-1)  # the bug: the unit-length step of sentence_embeddings
+
+
 def check_mean_pool(fn) -> CheckResult:
     """Check ``mean_pool(hidden (B, L, C), mask (B, L) bool) -> (B, C)``, the mean over real tokens (lesson 11)."""
     g = torch.Generator().manual_seed(11)
@@ -42,7 +46,9 @@ def check_mean_pool(fn) -> CheckResult:
              Case("the same with 1e6 in every padded position", (big_pads, mask))]
     bugs = [Bug("the padded positions are averaged in: weight each position by the mask", _mean_over_all_positions),
             Bug("the sum over real tokens is divided by L: divide by the number of real tokens of each sentence",
-                _divided_by_length)]
+                _divided_by_length),
+            Bug("the mean is normalised to unit length: return the plain mean; sentence_embeddings normalises "
+                "afterwards", _normalised_mean)]
     return check("mean_pool", fn, _mean_pool, cases, bugs=bugs, atol=1e-9, rtol=1e-9)
 
 
@@ -157,7 +163,12 @@ def check_rank_by_cosine(fn) -> CheckResult:
             Bug("that puts the least similar first: sort in descending order", _least_similar_first)]
 
     def adapt(got, expected):
-        return torch.as_tensor(got).long() if isinstance(got, (torch.Tensor, list, tuple)) else got
+        if not isinstance(got, (torch.Tensor, list, tuple)):
+            return got
+        got = torch.as_tensor(got)
+        if got.is_floating_point() and not torch.equal(got, got.round()):  # e.g. the sorted similarities
+            return "return the indices (argsort), not the similarities"
+        return got.long()
 
     return check("rank_by_cosine", fn, _rank_by_cosine, cases, bugs=bugs, adapt=adapt)
 

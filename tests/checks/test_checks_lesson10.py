@@ -33,8 +33,9 @@ def skipped_blocks(T, block_q, block_k):
     return sum(1 for i0 in range(0, T, block_q) for j0 in range(0, T, block_k) if j0 > min(i0 + block_q, T) - 1)
 
 
-def causal_flash_attention(q, k, v, block_q, block_k, skip=True):
+def causal_flash_attention(q, k, v, block_q, block_k, skip=True, see_self=True, scaled=True, clamp=False):
     T = q.shape[-2]
+    scale = 1 / math.sqrt(q.shape[-1]) if scaled else 1.0
     out = torch.empty_like(q)
     for i0 in range(0, T, block_q):
         i1 = min(i0 + block_q, T)
@@ -45,15 +46,16 @@ def causal_flash_attention(q, k, v, block_q, block_k, skip=True):
         acc = torch.zeros(*q.shape[:2], i1 - i0, v.shape[-1], dtype=q.dtype)
         for j0 in range(0, stop, block_k):
             j1 = min(j0 + block_k, T)
-            s = q[:, :, i0:i1] @ k[:, :, j0:j1].transpose(-2, -1) / math.sqrt(q.shape[-1])
-            s = s.masked_fill(torch.arange(j0, j1)[None, :] > rows, float("-inf"))
+            s = q[:, :, i0:i1] @ k[:, :, j0:j1].transpose(-2, -1) * scale
+            future = torch.arange(j0, j1)[None, :] > rows if see_self else torch.arange(j0, j1)[None, :] >= rows
+            s = s.masked_fill(future, float("-inf"))
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
             p = torch.exp(s - shift)
             total = total * torch.exp(m - shift) + p.sum(-1, keepdim=True)
             acc = acc * torch.exp(m - shift) + p @ v[:, :, j0:j1]
             m = m_new
-        out[:, :, i0:i1] = acc / total
+        out[:, :, i0:i1] = acc / (total.clamp_min(torch.finfo(q.dtype).tiny) if clamp else total)
     return out
 
 
@@ -100,6 +102,30 @@ def test_online_logsumexp(accepts, rejects):
         return online_logsumexp(x.float(), chunk).to(x.dtype)
     rejects(check_online_logsumexp, float32_inside, "values differ from the reference")
 
+    # right values, but the whole row is read at once
+    rejects(check_online_logsumexp, lambda x, chunk: torch.logsumexp(x, dim=-1),
+            "called logsumexp over whole rows of 10 entries (chunk=3)")
+    rejects(check_online_logsumexp, lambda x, chunk: x.logsumexp(-1), "called logsumexp over whole rows")
+
+    def two_passes(x, chunk):  # the maximum of the whole row first: no running maximum
+        m = x.amax(dim=-1, keepdim=True)
+        shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        return (shift + torch.log(sum(torch.exp(part - shift).sum(-1, keepdim=True)
+                                      for part in x.split(chunk, dim=-1)))).squeeze(-1)
+    rejects(check_online_logsumexp, two_passes, "called amax over whole rows")
+
+    # torch.logsumexp of each chunk is fine
+    def running_logaddexp(x, chunk):
+        lse = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype)
+        for part in x.split(chunk, dim=-1):
+            lse = torch.logaddexp(lse, torch.logsumexp(part, dim=-1))
+        return lse
+    accepts(check_online_logsumexp, running_logaddexp)
+
+    def logsumexp_of_chunk_results(x, chunk):  # one number per chunk, combined at the end
+        return torch.logsumexp(torch.stack([part.logsumexp(-1) for part in x.split(chunk, dim=-1)], -1), -1)
+    accepts(check_online_logsumexp, logsumexp_of_chunk_results)
+
 
 def test_skipped_blocks(accepts, rejects):
     accepts(check_skipped_blocks, skipped_blocks,
@@ -142,9 +168,30 @@ def only_divisible(q, k, v, bq, bk):  # the last, shorter query block is left at
 
 
 def test_causal_flash_attention(accepts, rejects):
-    accepts(check_causal_flash_attention, causal_flash_attention,
-            "✓ causal_flash_attention: matches causal SDPA on all 4 cases, and at T=128 with 16x16 tiles it did 56% "
+    line = ("✓ causal_flash_attention: matches causal SDPA on all 4 cases, and at T=128 with 16x16 tiles it did 56% "
             "of the matrix-product FLOPs of computing every tile")
+    accepts(check_causal_flash_attention, causal_flash_attention, line)
+
+    def with_lse(q, k, v, bq, bk):  # (out, lse), as tiled_attention returns
+        return causal_flash_attention(q, k, v, bq, bk), torch.zeros(q.shape[:-1], dtype=q.dtype)
+    accepts(check_causal_flash_attention, with_lse, line)
+    rejects(check_causal_flash_attention,
+            lambda q, k, v, bq, bk: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            "compute the tiles yourself with @: F.scaled_dot_product_attention does not show the tiling")
+
+    def without_matmul(q, k, v, bq, bk):  # right values from broadcast products: no tile to count
+        T = q.shape[-2]
+        s = (q[..., :, None, :] * k[..., None, :, :]).sum(-1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+        p = torch.softmax(s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")), dim=-1)
+        return (p[..., None] * v[..., None, :, :]).sum(-2)
+    rejects(check_causal_flash_attention, without_matmul, "no matrix product was counted")
+    for clamp in (False, True):  # row 0 sees nothing: NaN from 0 / 0, or 0 with a clamped sum
+        rejects(check_causal_flash_attention,
+                lambda q, k, v, bq, bk, clamp=clamp: causal_flash_attention(q, k, v, bq, bk, see_self=False,
+                                                                           clamp=clamp),
+                "a query must see itself: mask key j from query i only when j > i, not when j >= i")
+    rejects(check_causal_flash_attention,
+            lambda q, k, v, bq, bk: causal_flash_attention(q, k, v, bq, bk, scaled=False), "the scale is missing")
     rejects(check_causal_flash_attention, lambda q, k, v, bq, bk: None, "not implemented yet")
     rejects(check_causal_flash_attention, lambda q, k, v, bq, bk: causal_flash_attention(q, k, v, bq, bk, skip=False),
             "the values are right, but")

@@ -34,6 +34,8 @@ def test_mean_pool(accepts, rejects):
     rejects(check_mean_pool, lambda h, m: mean_pool(h, m)[:, None], "shape (1, 1, 3)")
     rejects(check_mean_pool, lambda h, m: (h * m[..., None]).sum(dim=1) / (m.sum(dim=1, keepdim=True) + 1),
             "values differ from the reference")  # off by one in the count
+    rejects(check_mean_pool, lambda h, m: F.normalize(mean_pool(h, m), dim=-1),
+            "the mean is normalised to unit length: return the plain mean; sentence_embeddings normalises afterwards")
 
 
 def wordpiece(word, vocab):
@@ -153,6 +155,9 @@ def test_rank_by_cosine(accepts, rejects):
     rejects(check_rank_by_cosine, lambda q, c: rank_by_cosine(q, c).numpy(), "got ndarray")
     rejects(check_rank_by_cosine, lambda q, c: rank_by_cosine(q, c)[:-1], "shape (3,)")  # off by one: drops the last
     rejects(check_rank_by_cosine, lambda q, c: rank_by_cosine(q, c) + 1, "✗ rank_by_cosine")  # 1-based indices
+    rejects(check_rank_by_cosine, lambda q, c: F.cosine_similarity(c, q[None, :], dim=-1).sort(descending=True).values,
+            "return the indices (argsort), not the similarities")
+    accepts(check_rank_by_cosine, lambda q, c: rank_by_cosine(q, c).double())  # whole numbers in floats are indices
 
     def normalises_in_place(q, c):
         c /= c.norm(dim=-1, keepdim=True)
