@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from helpers.attention import softmax
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, randn
+from helpers.checks._core import Bug, Case, CheckResult, _known_bug, check, check_prediction, randn
 from helpers.device import peak_memory
 
 __all__ = ["check_log_softmax", "check_softmax_backward", "check_temperature_for_entropy",
@@ -73,6 +75,15 @@ def _entropy(p):
     return -torch.xlogy(p, p).sum(dim=-1)  # nats; 0 log 0 counts as 0
 
 
+class _Reached(float):
+    """The entropy (nats) that a learner's tau gives, remembering that tau for the check's message."""
+
+    def __new__(cls, entropy: float, tau: float):
+        reached = super().__new__(cls, entropy)
+        reached.tau = tau
+        return reached
+
+
 def check_temperature_for_entropy(fn) -> CheckResult:
     """Check ``temperature_for_entropy(scores, target) -> tau``: the entropy tau gives is target +- 1e-3 (lesson 03)."""
     g = torch.Generator().manual_seed(7)
@@ -83,6 +94,9 @@ def check_temperature_for_entropy(fn) -> CheckResult:
         Case("8 scores, target 0.1 (nearly one-hot: tau is small)", (scores, 0.1)),
         Case("16 scores of size 30, target 1.5", (randn(g, 16).double() * 30.0, 1.5)),
     ]
+    atol = 1e-3
+    bugs = [Bug("the entropy must be in nats (natural log), not bits: use torch.log, not torch.log2",
+                lambda scores, target: target * math.log(2))]  # target bits are target * ln 2 nats
 
     def entropy_reached(scores, target):
         tau = fn(scores, target)
@@ -94,10 +108,18 @@ def check_temperature_for_entropy(fn) -> CheckResult:
             raise TypeError(f"return the temperature as a number, got {type(tau).__name__}")
         if not tau > 0.0:
             raise ValueError(f"a temperature must be positive, got tau = {tau}")
-        return float(_entropy(softmax(scores / tau)))
+        return _Reached(float(_entropy(softmax(scores / tau))), float(tau))
+
+    def say_tau(got, expected):
+        # the engine would print "got 0.693, expected 1", which reads like a tau: name tau and entropy apart
+        if not isinstance(got, _Reached) or abs(got - expected) <= atol:
+            return got
+        bug = _known_bug(entropy_reached, cases, bugs, atol, 0.0, None)
+        return bug or (f"your tau = {got.tau:.6g} gives entropy {float(got):.6g} nats; "
+                       f"the target is {expected:.6g} nats")
 
     return check("temperature_for_entropy", entropy_reached, lambda scores, target: float(target),
-                 cases, atol=1e-3, rtol=0.0)
+                 cases, atol=atol, rtol=0.0, adapt=say_tau)
 
 
 def _score_std(D: int = 64) -> float:

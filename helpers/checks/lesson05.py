@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
 from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, torch_calls
@@ -85,21 +86,49 @@ def _attention_cases():
                  (q_big, k_big, v_big, causal))]
 
 
+_HUGE_NEGATIVE = -1e4  # far below any score of the cases: only a fill of blocked scores gets there
+
+
+class _HugeNegativeExp(TorchFunctionMode):
+    """Record the exponentials (exp, softmax, ...) that receive a score of _HUGE_NEGATIVE or less."""
+
+    EXPONENTIALS = {"exp", "exp_", "softmax", "_softmax", "log_softmax", "logsumexp"}
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        x = args[0] if args else None
+        if (name in self.EXPONENTIALS and isinstance(x, torch.Tensor) and x.is_floating_point()
+                and (x <= _HUGE_NEGATIVE).any()):
+            self.names.add(name)
+        return func(*args, **(kwargs or {}))
+
+
 def check_masked_attention(fn) -> CheckResult:
     """Check ``masked_attention(q, k, v, mask) -> (out, weights)``, True = may attend, no NaN (lesson 05)."""
     bugs = [Bug("polarity flipped: True in the mask must mean 'may attend'",
               lambda q, k, v, mask: scaled_dot_product_attention(q, k, v, ~mask))]
 
-    def no_minus_inf(fn):  # the exercise asks for way 2: softmax, zero the blocked weights, renormalise
+    def way_2(fn):  # the exercise asks for way 2: softmax, zero the blocked weights, renormalise
         case = _attention_cases()[2]
         used = torch_calls(fn, *case.args, minus_inf=True)
         if used:
             return False, (f"the values are right, but your function passes -inf to {', '.join(sorted(used))}: "
                            "the exercise asks for way 2, without any -inf (zero the blocked weights, renormalise)")
+        with _HugeNegativeExp() as seen:
+            fn(*case.args)
+        if seen.names:
+            return False, (f"the values are right, but your function feeds scores of {_HUGE_NEGATIVE:g} or less "
+                           f"to {', '.join(sorted(seen.names))}: that is way 1 with a large negative fill "
+                           "(such as -1e9) instead of -inf; the exercise asks for way 2 (softmax, zero the "
+                           "blocked weights, renormalise)")
         return True, ""
 
     return check("masked_attention", fn, scaled_dot_product_attention, _attention_cases(), bugs=bugs,
-                 then=no_minus_inf)
+                 then=way_2)
 
 
 # 4) the same mask in nn.MultiheadAttention's polarity -------------------------------------------
@@ -186,11 +215,15 @@ def _as_bool(got, expected):
     return f"return True or False, got {type(got).__name__} {got!r}"
 
 
-def _causal_fraction() -> float:
-    return causal_mask(100).float().mean().item()
+def _causal_fraction(T: int = 10) -> float:
+    return causal_mask(T).float().mean().item()  # (T + 1) / (2T) = 0.55 at T = 10
 
 
 def check_predict_causal_fraction(predicted) -> CheckResult:
-    """Predict then measure: the fraction of (query, key) pairs a causal mask keeps at T=100 (lesson 05)."""
+    """Predict then measure: the fraction of (query, key) pairs a causal mask keeps at T=10 (lesson 05).
+
+    At T = 10 the diagonal is worth 0.05: the right count (0.55) is told apart from "half" (0.5)
+    and from the triangle without its diagonal (0.45).
+    """
     return check_prediction("predict_causal_fraction", predicted, _causal_fraction,
                             "fraction of pairs kept", abs_tol=0.02)

@@ -45,13 +45,20 @@ def _alibi(T, slope):
     return -slope * (pos[:, None] - pos[None, :]).abs()  # (T, S)
 
 
+def _float64_as_float32(got, expected):
+    """The exercise states no dtype: a float64 answer (the lesson computes in float64) counts by its values."""
+    if isinstance(got, torch.Tensor) and got.dtype == torch.float64 and isinstance(expected, torch.Tensor):
+        return got.to(expected.dtype)
+    return got
+
+
 def check_shift_matrix(fn) -> CheckResult:
     """Check ``shift_matrix(k, d_model) -> (C, C)`` with PE[pos + k] = M @ PE[pos] (lesson 06)."""
     cases = [Case("k=1, d_model=4", (1, 4)), Case("k=5, d_model=16", (5, 16)),
              Case("k=0, d_model=8 (the identity)", (0, 8)), Case("k=-3, d_model=8 (a shift back)", (-3, 8))]
     bugs = [Bug("this is the transpose, which shifts by -k; row 2i must give sin(a + b) = sin a cos b + cos a sin b",
               lambda k, d: _shift_matrix(k, d).T)]
-    return check("shift_matrix", fn, _shift_matrix, cases, bugs=bugs)
+    return check("shift_matrix", fn, _shift_matrix, cases, bugs=bugs, adapt=_float64_as_float32)
 
 
 def check_distance_scores(fn) -> CheckResult:
@@ -70,7 +77,8 @@ def check_distance_scores(fn) -> CheckResult:
                            "use only the closed form sum_i cos((p - q) w_i)")
         return True, ""
 
-    return check("distance_scores", fn, _distance_scores, cases, bugs=bugs, atol=1e-4, then=closed_form_only)
+    return check("distance_scores", fn, _distance_scores, cases, bugs=bugs, atol=1e-4, adapt=_float64_as_float32,
+                 then=closed_form_only)
 
 
 def check_rotate_half(fn) -> CheckResult:

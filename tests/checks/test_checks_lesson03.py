@@ -55,12 +55,12 @@ def test_check_softmax_backward(verdict, accepts, rejects):
         assert not ok and hint in line, line
 
 
-def bisect_temperature(scores, target):
+def bisect_temperature(scores, target, log=torch.log):
     lo, hi = math.log(1e-4), math.log(1e4)  # bisect on log tau: entropy grows with tau
     for _ in range(60):
         mid = (lo + hi) / 2
         p = torch.softmax(scores / math.exp(mid), -1)
-        if -torch.xlogy(p, p).sum() < target:
+        if -(p * log(p.clamp_min(1e-300))).sum() < target:
             lo = mid
         else:
             hi = mid
@@ -70,7 +70,10 @@ def bisect_temperature(scores, target):
 def test_check_temperature_for_entropy(verdict):
     assert verdict(check_temperature_for_entropy, bisect_temperature)[0]
     ok, line = verdict(check_temperature_for_entropy, lambda s, t: 1.0)
-    assert not ok and "target entropy 1.0" in line and "expected 1" in line
+    assert not ok and "target entropy 1.0" in line
+    assert "your tau = 1 gives entropy 0.923483 nats; the target is 1 nats" in line  # tau and entropy told apart
+    ok, line = verdict(check_temperature_for_entropy, lambda s, t: bisect_temperature(s, t, torch.log2))
+    assert not ok and "the entropy must be in nats (natural log)" in line  # bisected on entropy in bits
     ok, line = verdict(check_temperature_for_entropy, lambda s, t: 1 / bisect_temperature(s, t))
     assert not ok and "✗ temperature_for_entropy" in line
     ok, line = verdict(check_temperature_for_entropy, lambda s, t: -1.0)

@@ -187,6 +187,31 @@ def test_more_wrong_answers(accepts, rejects):
 
 def test_predict_causal_fraction(verdict):
     assert not verdict(check_predict_causal_fraction, None)[0]
-    ok, line = verdict(check_predict_causal_fraction, 0.5)
-    assert ok and line.startswith("✓ predict_causal_fraction: you predicted 0.5; the measured fraction")
+    ok, line = verdict(check_predict_causal_fraction, 0.55)
+    assert ok and line.startswith("✓ predict_causal_fraction: you predicted 0.55; the measured fraction")
+    assert not verdict(check_predict_causal_fraction, 0.5)[0]  # "half": the diagonal is forgotten
+    assert not verdict(check_predict_causal_fraction, 0.45)[0]  # the triangle without its diagonal
     assert not verdict(check_predict_causal_fraction, 0.25)[0]
+
+
+def test_masked_attention_finite_fill(accepts, rejects):
+    def way1_finite(q, k, v, mask):  # way 1 with -1e9 instead of -inf, empty rows zeroed: not way 2
+        scores = (q @ k.mT / q.shape[-1] ** 0.5).masked_fill(~mask, -1e9)
+        w = torch.softmax(scores, -1) * mask.any(-1, keepdim=True)
+        return w @ v, w
+    rejects(check_masked_attention, way1_finite, "way 1 with a large negative fill")
+
+    def lowest_then_exp(q, k, v, mask):  # the same with finfo.min and exp: the exponential sees the fill
+        scores = torch.where(mask, q @ k.mT / q.shape[-1] ** 0.5, torch.finfo(q.dtype).min)
+        e = torch.exp(scores - scores.amax(-1, keepdim=True)) * mask
+        w = e / e.sum(-1, keepdim=True).clamp_min(1e-30)
+        return w @ v, w
+    rejects(check_masked_attention, lowest_then_exp, "feeds scores of -10000 or less to exp")
+
+    def masked_fill_after_exp(q, k, v, mask):  # way 2: a fill only for the row max, zeros after exp
+        scores = q @ k.mT / q.shape[-1] ** 0.5
+        row_max = scores.masked_fill(~mask, torch.finfo(q.dtype).min).amax(-1, keepdim=True)
+        e = (scores - row_max).masked_fill(~mask, 0.0).exp().masked_fill(~mask, 0.0)
+        w = e / e.sum(-1, keepdim=True).clamp_min(1e-30)
+        return w @ v, w
+    accepts(check_masked_attention, masked_fill_after_exp)

@@ -29,7 +29,11 @@ def test_shift_matrix(accepts, rejects):
     rejects(check_shift_matrix, lambda k, d: None, "not implemented yet")
     rejects(check_shift_matrix, lambda k, d: shift_matrix(k, d).T, "transpose, which shifts by -k")
     rejects(check_shift_matrix, lambda k, d: torch.eye(d), "✗ shift_matrix: on k=1, d_model=4: values differ")
-    rejects(check_shift_matrix, lambda k, d: shift_matrix(k, d).double(), "return dtype torch.float32")
+    # the exercise states no dtype: float64 (the lesson's own precision) passes on its values; float16 does not
+    accepts(check_shift_matrix, lambda k, d: shift_matrix(k, d).double(),
+            "✓ shift_matrix: matches the reference on all 4 cases")
+    rejects(check_shift_matrix, lambda k, d: shift_matrix(k, d).double().T, "transpose, which shifts by -k")
+    rejects(check_shift_matrix, lambda k, d: shift_matrix(k, d).half(), "return dtype torch.float32")
     rejects(check_shift_matrix, lambda k, d: shift_matrix(k, d).numpy(), "return a torch.Tensor")
     rejects(check_shift_matrix, lambda k, d: shift_matrix(abs(k), d), "✗ shift_matrix: on k=-3")
 
@@ -47,6 +51,8 @@ def test_distance_scores(accepts, rejects):
         return (pe @ pe.T).float()
     rejects(check_distance_scores, by_hand, "builds the encoding")
     rejects(check_distance_scores, lambda n, d: None, "not implemented yet")
+    accepts(check_distance_scores, lambda n, d: _distance_scores(n, d).double())  # float64 counts by its values
+    rejects(check_distance_scores, lambda n, d: 2 * _distance_scores(n, d).double(), "twice the reference")
 
     def all_frequencies(n, d):  # one frequency per feature instead of per pair
         w = 10000.0 ** (-torch.arange(d, dtype=torch.float64) / d)
