@@ -93,7 +93,8 @@ WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", 
 
 # Fields of a date format: day d=3 dd=03 dth=3rd; month m=3 mm=03 month=march Month=March
 # MONTH=MARCH mon=mar Mon=Mar MON=MAR; year yy=21 yyyy=2021; weekday=saturday Weekday=Saturday
-# wdy=sat Wdy=Sat. Numeric formats always put the day first, so "03/04/2021" means 3 April.
+# wdy=sat Wdy=Sat. Numeric formats with separators put the day before the month, so "03/04/2021" means
+# 3 April; the compact {yyyy}{mm}{dd} keeps the ISO order (20210403).
 DATE_FORMATS = (
     "{weekday}, {month} {d} {yyyy}",  # saturday, march 3 2021
     "{dth} of {Mon}. {yy}",  # 3rd of Mar. 21

@@ -309,7 +309,8 @@ class Transformer(nn.Module):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.generator = nn.Linear(config.d_model, config.tgt_vocab_size)
-        # Glorot/Xavier weights and zero biases in every linear layer, as nn.Transformer does
+        # Glorot/Xavier weights in every linear layer, as nn.Transformer does; zero biases are our choice
+        # (nn.Transformer leaves its biases at the defaults of nn.Linear and nn.MultiheadAttention)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)

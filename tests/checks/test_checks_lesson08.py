@@ -66,6 +66,34 @@ def test_check_length_normalised_score(capsys):
     assert "✗ length_normalised_score" in capsys.readouterr().out
 
 
+def test_length_normalised_score_accepts_float32(capsys):
+    # a tensor made from a Python float is float32: right to about 1e-7, which must pass
+    assert check_length_normalised_score(lambda lp, n, a: torch.as_tensor(lp) / ((5 + torch.as_tensor(n)) / 6) ** a)
+    assert "✓ length_normalised_score" in capsys.readouterr().out
+    # a value it rejects must differ from the reference in the digits the message prints
+    assert not check_length_normalised_score(lambda lp, n, a: lp / ((5 + n) / 6) ** a * (1 + 2e-5))
+    line = capsys.readouterr().out
+    got, expected = line.split("got ")[1].split(", expected ")
+    assert got.strip() != expected.strip()
+
+
+def test_decoder_self_mask_pads_as_queries(capsys):
+    def causal(tgt):
+        return causal_mask(tgt.shape[1])
+
+    def queries_only(tgt, pad_id):
+        return causal(tgt) & (tgt != pad_id)[:, None, :, None]
+
+    def queries_and_keys(tgt, pad_id):
+        return causal(tgt) & (tgt != pad_id)[:, None, :, None] & (tgt != pad_id)[:, None, None, :]
+
+    for wrong in (queries_only, queries_and_keys):  # the same mask on right-padded targets
+        assert not check_decoder_self_mask(wrong)
+        assert "mask the pads only as keys" in capsys.readouterr().out
+    assert check_decoder_self_mask(lambda tgt, pad_id: causal(tgt) & (tgt != pad_id)[:, None, None, :])
+    assert "✓ decoder_self_mask" in capsys.readouterr().out
+
+
 def test_reference_count_is_the_module_count():
     from helpers.transformer import DecoderLayer, TransformerConfig
 
