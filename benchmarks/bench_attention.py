@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from common import (
     DTYPES,
     add_repeat_args,
+    affordable,
     announce,
     command_line,
     dtype_supported,
@@ -34,8 +35,10 @@ from common import (
     markdown_table,
     measure_contestants,
     memory_budget,
+    native_dtypes,
     predict_peak,
     save,
+    stand_in_note,
 )
 
 from helpers.attention import scaled_dot_product_attention as course_attention
@@ -86,19 +89,6 @@ def calibrate(attn, B, H, D, dtype, device, mode) -> tuple[float, float]:
     return fit_peak(CALIBRATION_SIZES, peaks)
 
 
-def affordable(fns: dict, fits: dict, T: int, device) -> tuple[dict, dict, dict]:
-    """(the contestants whose estimated peak fits the free memory now, {name: estimate}, {name: skip reason})."""
-    budget, keep, estimates, skipped = memory_budget(device), {}, {}, {}
-    for name, fn in fns.items():
-        estimates[name] = predict_peak(fits[name], T)
-        if estimates[name] <= budget:
-            keep[name] = fn
-        else:
-            skipped[name] = (f"estimated peak {estimates[name] / 2**30:.1f} GiB > {budget / 2**30:.1f} GiB "
-                             "free for it")
-    return keep, estimates, skipped
-
-
 def inputs(B, H, T, D, dtype, device, mode, seed=0):
     g = torch.Generator(device=device).manual_seed(seed)
     return [torch.randn(B, H, T, D, generator=g, device=device, dtype=dtype, requires_grad=(mode != "fwd"))
@@ -108,17 +98,14 @@ def inputs(B, H, T, D, dtype, device, mode, seed=0):
 def sweep(args, device) -> list[dict]:
     rows = []
     B, H, D = args.batch, args.heads, args.head_dim
-    for dtype_name in args.dtypes:
+    for dtype_name, in_place_of in native_dtypes(args.dtypes, device):  # fp16 for bf16 on a T4 or V100
         dtype = DTYPES[dtype_name]
-        if not dtype_supported(dtype, device):
-            print(f"skip {dtype_name}: not supported natively on {device}")
-            continue
         for mode in args.modes:
             fits = {name: calibrate(fn, B, H, D, dtype, device, mode) for name, fn in CONTESTANTS.items()}
             for T in args.sizes:
                 q, k, v = inputs(B, H, T, D, dtype, device, mode)
                 fns = {name: make_call(fn, q, k, v, mode) for name, fn in CONTESTANTS.items()}
-                fns, estimates, skipped = affordable(fns, fits, T, device)
+                fns, estimates, skipped = affordable(fns, fits, T, memory_budget(device))
                 t, mem, oom = measure_contestants(fns, device, repeats=args.repeats, warmup=args.warmup)
                 skipped.update(oom)
                 for name, why in skipped.items():
@@ -126,7 +113,7 @@ def sweep(args, device) -> list[dict]:
                 flops = attention_flops(B, H, T, T, D) * (1 if mode == "fwd" else 1 + BACKWARD_FLOP_FACTOR)
                 row = dict(dtype=dtype_name, mode=mode, B=B, H=H, T=T, D=D, flops=flops,
                            sdpa_backend=auto_sdpa_backend(q, k, v), timings=t, skipped=skipped,
-                           estimated_bytes=estimates)
+                           estimated_bytes=estimates, in_place_of=in_place_of)
                 for name in CONTESTANTS:
                     row[f"{name}_s"] = t[name]["median_s"] if name in t else None
                     row[f"{name}_bytes"] = mem.get(name) if name in t else None
@@ -230,6 +217,8 @@ def markdown(rows, slope_rows, head) -> str:
             [[r["dtype"], r["mode"], r["T"], fmt_ms(r["naive_s"]), fmt_ms(r["sdpa_s"]), fmt_ratio(r["speedup"]),
               fmt_mib(r["naive_bytes"]), fmt_mib(r["sdpa_bytes"]), fmt_ratio(r["memory_ratio"]),
               r["sdpa_backend"], "-" if r["sdpa_tflops"] is None else f"{r['sdpa_tflops']:.3f}"] for r in rows]))
+        if stand_in_note(rows):
+            parts.append("\n" + stand_in_note(rows))
         skips = [f"- {r['dtype']} {r['mode']} T={r['T']}: {name} skipped ({why})"
                  for r in rows for name, why in r.get("skipped", {}).items()]
         if skips:

@@ -4,7 +4,10 @@ Three contestants on the same self-attention input (B, T, C): the course's modul
 which always returns the (B, H, T, S) weights; nn.MultiheadAttention asked for its weights
 (``need_weights=True``, the same work); and nn.MultiheadAttention without them
 (``need_weights=False``), which lets torch use its fused kernels. The outputs are checked to be
-equal before anything is timed.
+equal, on the first sequence of the batch, before anything is timed. As in bench_attention.py,
+each contestant's peak memory is measured at small T and extrapolated; one whose estimate exceeds
+the free memory is skipped, and so is a size whose check itself runs out of memory. On GPUs
+without bf16 (T4, V100) fp16 runs in its place.
 
     python benchmarks/bench_mha.py            # default sizes for the device
     python benchmarks/bench_mha.py --quick    # small sizes, seconds
@@ -15,24 +18,32 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import sys
 
 import torch
 from common import (
     DTYPES,
     add_repeat_args,
+    affordable,
     announce,
     command_line,
-    dtype_supported,
+    fit_peak,
     fmt_mib,
     fmt_ms,
     fmt_ratio,
+    is_out_of_memory,
     markdown_table,
     measure_contestants,
+    memory_budget,
+    native_dtypes,
+    release_memory,
     save,
+    stand_in_note,
 )
 
 from helpers.attention import MultiHeadAttention, to_torch_mha
+from helpers.device import peak_memory
 
 TARGET = 1.3  # the course's fused path within 1.3x of nn.MultiheadAttention(need_weights=False)
 
@@ -63,13 +74,62 @@ def make_call(fn, x, mode):
     return forward_backward
 
 
+CALIBRATION_SIZES = (64, 128, 256)
+
+
+def inputs(args, T, device, dtype, mode):
+    return torch.randn(args.batch, T, args.d_model, device=device, dtype=dtype,
+                       requires_grad=(mode != "fwd"))  # (B, T, C)
+
+
+def calibrate(contestants, args, device, dtype, mode) -> dict:
+    """{name: peak-memory fit (c1, c2)} of each contestant at the run's B, C, H, measured at small T."""
+    fits = {}
+    for name, fn in contestants.items():
+        try:
+            peaks = [peak_memory(make_call(fn, inputs(args, T, device, dtype, mode), mode), device=device)
+                     for T in CALIBRATION_SIZES]
+        except Exception as err:  # noqa: BLE001  (out of memory even at small sizes: never affordable)
+            if not is_out_of_memory(err):
+                raise
+            fits[name] = (math.inf, math.inf)
+            continue
+        fits[name] = fit_peak(CALIBRATION_SIZES, peaks)
+    return fits
+
+
+def check_outputs(contestants, x) -> tuple[dict, float]:
+    """({name: largest |difference| from torch_fused}, largest |output|) on the first sequence of the batch.
+
+    The sequences of a batch are independent, so one shows whether the modules agree, at 1/B of the
+    memory: this check runs before the out-of-memory handling of the timing, and the weights path of
+    the whole batch can need more memory than the GPU has.
+    """
+    one = x[:1].detach()  # (1, T, C)
+    with torch.no_grad():
+        ref = contestants["torch_fused"](one).float()
+        return {n: (fn(one).float() - ref).abs().max().item() for n, fn in contestants.items()}, \
+            ref.abs().max().item()
+
+
+def make_row(args, dtype_name, in_place_of, mode, T, contestants, diff, t, mem, skipped) -> dict:
+    row = dict(dtype=dtype_name, in_place_of=in_place_of, mode=mode, B=args.batch, T=T, C=args.d_model,
+               H=args.heads, max_abs_diff=max(diff.values()) if diff else None, diff=diff, timings=t,
+               peak_bytes=mem, skipped=skipped,
+               **{f"{n}_s": (t[n]["median_s"] if n in t else None) for n in contestants})
+    row["course_fused_s"] = row.get("course_fused_s")
+    row["course_vs_torch_weights"] = ratio(row["course_s"], row["torch_weights_s"])
+    row["course_vs_torch_fused"] = ratio(row["course_s"], row["torch_fused_s"])
+    row["course_fused_vs_torch_fused"] = ratio(row["course_fused_s"], row["torch_fused_s"])
+    if row["course_fused_vs_torch_fused"] is not None:
+        row["target_met"] = row["course_fused_vs_torch_fused"] <= TARGET
+    return row
+
+
 def run(args, device) -> list[dict]:
     rows = []
-    for dtype_name in args.dtypes:
+    for dtype_name, in_place_of in native_dtypes(args.dtypes, device):  # fp16 for bf16 on a T4 or V100
         dtype = DTYPES[dtype_name]
-        if not dtype_supported(dtype, device):
-            print(f"skip {dtype_name}: not supported natively on {device}")
-            continue
         torch.manual_seed(0)
         ours, theirs = twins(args.d_model, args.heads, device, dtype)
         contestants = {
@@ -83,34 +143,38 @@ def run(args, device) -> list[dict]:
             print("course_fused not run: helpers.attention.MultiHeadAttention.forward has no need_weights "
                   "argument yet (the fused path of issue 11); only the weights path is compared", flush=True)
         for mode in args.modes:
+            fits = calibrate(contestants, args, device, dtype, mode)
             for T in args.sizes:
-                x = torch.randn(args.batch, T, args.d_model, device=device, dtype=dtype,
-                                requires_grad=(mode != "fwd"))  # (B, T, C)
-                with torch.no_grad():
-                    ref = contestants["torch_fused"](x).float()
-                    diff = {n: (fn(x).float() - ref).abs().max().item() for n, fn in contestants.items()}
+                x = inputs(args, T, device, dtype, mode)
+                try:
+                    diff, scale = check_outputs(contestants, x)
+                except Exception as err:  # noqa: BLE001  (only out-of-memory errors are caught)
+                    if not is_out_of_memory(err):
+                        raise
+                    why = "out of memory in the output check: " + str(err).split("\n")[0][:160]
+                    print(f"skip T={T} {dtype_name} {mode}: {why}", flush=True)
+                    rows.append(make_row(args, dtype_name, in_place_of, mode, T, contestants, {}, {}, {},
+                                         dict.fromkeys(contestants, why)))
+                    del x
+                    release_memory(device)
+                    continue
                 # relative to the size of the outputs; half precision keeps 2-3 significant digits
-                tol = (1e-4 if dtype == torch.float32 else 3e-2) * max(1.0, ref.abs().max().item())
+                tol = (1e-4 if dtype == torch.float32 else 3e-2) * max(1.0, scale)
                 if max(diff.values()) > tol:
                     raise AssertionError(f"outputs differ by {diff} > {tol} at T={T} {dtype_name}")
                 fns = {name: make_call(fn, x, mode) for name, fn in contestants.items()}
-                t, mem, skipped = measure_contestants(fns, device, repeats=args.repeats, warmup=args.warmup)
+                fns, _, skipped = affordable(fns, fits, T, memory_budget(device))
+                t, mem, oom = measure_contestants(fns, device, repeats=args.repeats, warmup=args.warmup)
+                skipped.update(oom)
                 for name, why in skipped.items():
                     print(f"skip {name} at T={T} {dtype_name} {mode}: {why}", flush=True)
-                row = dict(dtype=dtype_name, mode=mode, B=args.batch, T=T, C=args.d_model, H=args.heads,
-                           max_abs_diff=max(diff.values()), diff=diff, timings=t, peak_bytes=mem, skipped=skipped,
-                           **{f"{n}_s": (t[n]["median_s"] if n in t else None) for n in contestants})
-                row["course_fused_s"] = row.get("course_fused_s")
-                row["course_vs_torch_weights"] = ratio(row["course_s"], row["torch_weights_s"])
-                row["course_vs_torch_fused"] = ratio(row["course_s"], row["torch_fused_s"])
-                row["course_fused_vs_torch_fused"] = ratio(row["course_fused_s"], row["torch_fused_s"])
-                if row["course_fused_vs_torch_fused"] is not None:
-                    row["target_met"] = row["course_fused_vs_torch_fused"] <= TARGET
+                row = make_row(args, dtype_name, in_place_of, mode, T, contestants, diff, t, mem, skipped)
                 rows.append(row)
                 print(f"{dtype_name} {mode:6} T={T:5}: course {fmt_ms(row['course_s'])} ms, course(fused) "
                       f"{fmt_ms(row['course_fused_s'])} ms, torch(weights) {fmt_ms(row['torch_weights_s'])} ms, "
                       f"torch(fused) {fmt_ms(row['torch_fused_s'])} ms, max |diff| {row['max_abs_diff']:.2g}",
                       flush=True)
+                del x, fns
     return rows
 
 
@@ -127,7 +191,7 @@ def markdown(rows) -> str:
             "`torch (fused)` = need_weights=False. Ratios are the course's time divided by torch's "
             "(above 1: the course module is slower); `course (fused)` = the course's module with "
             "need_weights=False (F.scaled_dot_product_attention inside). |diff| is the largest output "
-            "difference from torch (fused).\n\n")
+            "difference from torch (fused) on the first sequence of the batch, checked before timing.\n\n")
     mib = lambda r, n: fmt_mib(r["peak_bytes"].get(n))  # noqa: E731
     table = markdown_table(
         ["dtype", "pass", "T", "course ms", "course (fused) ms", "torch (weights) ms", "torch (fused) ms",
@@ -136,13 +200,21 @@ def markdown(rows) -> str:
         [[r["dtype"], r["mode"], r["T"], fmt_ms(r["course_s"]), fmt_ms(r["course_fused_s"]),
           fmt_ms(r["torch_weights_s"]), fmt_ms(r["torch_fused_s"]), fmt_ratio(r["course_vs_torch_weights"]),
           fmt_ratio(r["course_vs_torch_fused"]), fmt_ratio(r["course_fused_vs_torch_fused"]), mib(r, "course"),
-          mib(r, "torch_fused"), f"{r['max_abs_diff']:.1e}"] for r in rows])
+          mib(r, "torch_fused"), "-" if r["max_abs_diff"] is None else f"{r['max_abs_diff']:.1e}"] for r in rows])
+    if stand_in_note(rows):
+        table += "\n\n" + stand_in_note(rows)
+    skips = [f"- {r['dtype']} {r['mode']} T={r['T']}: {name} skipped ({why})"
+             for r in rows for name, why in r["skipped"].items()]
+    if skips:
+        table += ("\n\nSkipped (estimated from peaks measured at T = "
+                  f"{', '.join(map(str, CALIBRATION_SIZES))}, or out of memory):\n\n" + "\n".join(skips))
     if rows[0]["course_fused_s"] is None:
         table += ("\n\n`course (fused)` = MultiHeadAttention(need_weights=False) was not run: this version of "
                   "helpers.attention has no need_weights argument yet.")
     else:
+        judged = [r for r in rows if "target_met" in r]  # both fused paths ran
         table += (f"\n\nTarget: course (fused) within {TARGET}x of torch (fused) (fp32 on the CPU, bf16 on a "
-                  f"GPU): met in {sum(r.get('target_met', False) for r in rows)} of {len(rows)} rows.")
+                  f"GPU): met in {sum(r['target_met'] for r in judged)} of {len(judged)} rows.")
     return head + table
 
 

@@ -8,6 +8,7 @@ call. The model's output is first checked against the float32 embeddings of the 
 the CPU. Sentences per second = batch size / median seconds of one call.
 
     python benchmarks/bench_minilm.py              # CPU: batch 1, 16, 64 in fp32; CUDA: 1 ... 1024, fp32 and bf16
+                                                   # (fp16 in place of bf16 on a GPU without it: T4, V100)
     python benchmarks/bench_minilm.py --quick      # batch 1 and 8, few repeats
     python benchmarks/bench_minilm.py --batches 32 --dtypes bf16
 """
@@ -23,11 +24,12 @@ from common import (
     add_repeat_args,
     announce,
     command_line,
-    dtype_supported,
     fmt_ms,
     markdown_table,
     measure_contestants,
+    native_dtypes,
     save,
+    stand_in_note,
 )
 
 from helpers.pretrained import load_minilm, sentence_embeddings
@@ -82,11 +84,8 @@ def run(args, device) -> tuple[list[dict], str | None]:
         reference = sentence_embeddings(reference_model, tokenizer, SENTENCES)  # (16, 384), fp32 on the CPU
     lengths = tokenizer(SENTENCES)[1].sum(dim=1)  # tokens per sentence, [CLS] and [SEP] included
     rows = []
-    for dtype_name in args.dtypes:
+    for dtype_name, in_place_of in native_dtypes(args.dtypes, device):  # fp16 for bf16 on a T4 or V100
         dtype = DTYPES[dtype_name]
-        if not dtype_supported(dtype, device):
-            print(f"skip {dtype_name}: not supported natively on {device}", flush=True)
-            continue
         model, _ = load_minilm(dtype, device=device)
         with torch.no_grad():
             got = sentence_embeddings(model, tokenizer, SENTENCES).float().cpu()
@@ -102,7 +101,8 @@ def run(args, device) -> tuple[list[dict], str | None]:
             for name, why in skipped.items():
                 print(f"skip {name} at batch {batch} {dtype_name}: {why}", flush=True)
             med = {n: (t[n]["median_s"] if n in t else None) for n in fns}
-            row = dict(dtype=dtype_name, batch=batch, tokens=int(mask.sum()), padded_length=ids.shape[1],
+            row = dict(dtype=dtype_name, in_place_of=in_place_of, batch=batch, tokens=int(mask.sum()),
+                       padded_length=ids.shape[1],
                        sentence_tokens=(int(lengths.min()), int(lengths.max())),
                        max_abs_diff=diff, timings=t, peak_bytes=mem, skipped=skipped,
                        **{f"{n}_s": s for n, s in med.items()},
@@ -138,7 +138,7 @@ def markdown(rows, missing: str | None) -> str:
           fmt_ms(r["end_to_end_s"]), fmt_rate(r["sentences_per_s"]),
           "-" if r["tokenize_share"] is None else f"{r['tokenize_share']:.0%}", f"{r['max_abs_diff']:.1e}"]
          for r in rows])
-    return head + table
+    return head + table + ("\n\n" + stand_in_note(rows) if stand_in_note(rows) else "")
 
 
 def parse(argv):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import gc
 import json
+import math
 import os
 import platform
 import statistics
@@ -60,6 +61,30 @@ def dtype_supported(dtype: torch.dtype, device: torch.device) -> bool:
     if device.type == "cuda" and dtype == torch.bfloat16:
         return torch.cuda.get_device_capability(device)[0] >= 8
     return True
+
+
+def native_dtypes(names, device: torch.device) -> list[tuple[str, str | None]]:
+    """[(dtype name to run, the name it stands in for, or None)]: fp16 in place of bf16 where bf16 is not native.
+
+    GPUs before compute capability 8 (T4, V100) have no bf16 matrix units but do have fp16 ones, so
+    the half-precision rows are run in fp16 there, as lesson 09 does, instead of being left out.
+    Prints one line per substitution; a dtype asked for twice (fp16 and bf16 -> fp16) runs once.
+    """
+    chosen = []
+    for name in names:
+        run = name if dtype_supported(DTYPES[name], device) else "fp16"
+        if run != name:
+            print(f"{name} is not native on {device} (compute capability below 8): fp16 in its place", flush=True)
+        if run not in [r for r, _ in chosen]:
+            chosen.append((run, None if run == name else name))
+    return chosen
+
+
+def stand_in_note(rows) -> str:
+    """A sentence for the result table when some rows ran fp16 in place of bf16 (rows carry ``in_place_of``)."""
+    if not any(r.get("in_place_of") for r in rows):
+        return ""
+    return "fp16 rows stand in for bf16, which this GPU does not run natively (compute capability below 8)."
 
 
 def cpu_name() -> str:
@@ -214,10 +239,27 @@ def fit_peak(sizes, peaks) -> tuple[float, float]:
     return float(c1), float(c2)
 
 
-def predict_peak(fit: tuple[float, float], T: int, margin: float = 1.15) -> int:
-    """Estimated peak bytes at size T from ``fit_peak``'s coefficients, with a safety margin."""
+def predict_peak(fit: tuple[float, float], T: int, margin: float = 1.15) -> int | float:
+    """Estimated peak bytes at size T from ``fit_peak``'s coefficients, with a safety margin.
+
+    A fit of infinities (out of memory already at the calibration sizes) gives math.inf, never affordable.
+    """
     c1, c2 = fit
-    return int(margin * (c1 * T + c2 * T * T))
+    estimate = margin * (c1 * T + c2 * T * T)
+    return int(estimate) if math.isfinite(estimate) else math.inf
+
+
+def affordable(fns: dict, fits: dict, T: int, budget: int) -> tuple[dict, dict, dict]:
+    """(the contestants whose estimated peak at size T fits ``budget`` bytes, {name: estimate}, {name: skip reason})."""
+    keep, estimates, skipped = {}, {}, {}
+    for name, fn in fns.items():
+        estimates[name] = predict_peak(fits[name], T)
+        if estimates[name] <= budget:
+            keep[name] = fn
+        else:
+            skipped[name] = (f"estimated peak {estimates[name] / 2**30:.1f} GiB > {budget / 2**30:.1f} GiB "
+                             "free for it")
+    return keep, estimates, skipped
 
 
 def measure_contestants(fns: dict, device: torch.device, repeats: int, warmup: int,
