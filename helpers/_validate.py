@@ -10,6 +10,9 @@ import numbers
 
 import torch
 
+# The index dtypes nn.Embedding accepts; narrower integers (int8, int16, uint8) make it fail deep inside torch.
+TOKEN_ID_DTYPES = (torch.int64, torch.int32)
+
 
 def shape_str(shape) -> str:
     """Format a shape as ``(2, 3, 4)`` for error messages."""
@@ -94,18 +97,34 @@ def check_qkv(q, k, v, mask=None, dropout_p: float = 0.0) -> None:
                          f"got {shapes}") from None
     probability(dropout_p, "dropout_p")
     if mask is not None:
+        # The scores (..., T, S) take the batch dimensions of q and k only, so the mask may not add any
+        # that only v has: torch.nn.functional.scaled_dot_product_attention refuses that mask too.
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-        check_bool_mask(mask, (*batch, q.shape[-2], k.shape[-2]))
+        check_bool_mask(mask, (*batch, q.shape[-2], k.shape[-2]), device=q.device, like="q")
 
 
-def check_additive_inputs(query, keys, values, query_dim: int, key_dim: int) -> None:
-    """Check query (B, T, Dq), keys (B, S, Dk) and values (B, S, Dv) of additive attention."""
+def check_additive_inputs(module, query, keys, values) -> None:
+    """Check query (B, T, Dq), keys (B, S, Dk) and values (B, S, Dv) of additive attention against the
+    module: widths, one dtype and device (the module's), B and S that agree, S >= 1."""
+    query_dim, key_dim, w = module.w_q.in_features, module.w_k.in_features, module.w_q.weight
     require_tensor(query, "query", floating=True, dim=3, last=query_dim, what=f"(B, T, Dq={query_dim})")
     require_tensor(keys, "keys", floating=True, dim=3, last=key_dim, what=f"(B, S, Dk={key_dim})")
     require_tensor(values, "values", floating=True, dim=3, what="(B, S, Dv)")
+    if not query.dtype == keys.dtype == values.dtype:
+        raise TypeError(f"query, keys and values must have the same dtype, got {query.dtype}, {keys.dtype} "
+                        f"and {values.dtype}")
+    if not query.device == keys.device == values.device:
+        raise ValueError(f"query, keys and values must be on the same device, got {query.device}, {keys.device} "
+                         f"and {values.device}")
+    if query.dtype != w.dtype or query.device != w.device:
+        raise TypeError(f"query, keys and values are {query.dtype} on {query.device} but the module's weights are "
+                        f"{w.dtype} on {w.device}: convert one of them, e.g. module.to(query.dtype)")
+    shapes = f"{shape_str(query.shape)}, {shape_str(keys.shape)}, {shape_str(values.shape)}"
     if not query.shape[0] == keys.shape[0] == values.shape[0] or keys.shape[1] != values.shape[1]:
-        raise ValueError(f"query (B, T, Dq), keys (B, S, Dk) and values (B, S, Dv) must agree on B and S: got "
-                         f"{shape_str(query.shape)}, {shape_str(keys.shape)}, {shape_str(values.shape)}")
+        raise ValueError(f"query (B, T, Dq), keys (B, S, Dk) and values (B, S, Dv) must agree on B and S: got {shapes}")
+    if keys.shape[1] == 0:
+        raise ValueError(f"the key length S must be >= 1 (softmax over no keys is undefined): got query, keys "
+                         f"and values {shapes}")
 
 
 def check_mha_inputs(module, query, key, value, mask, need_weights) -> None:
@@ -124,11 +143,12 @@ def check_mha_inputs(module, query, key, value, mask, need_weights) -> None:
     if not isinstance(need_weights, bool):
         raise TypeError(f"need_weights must be True or False, got {need_weights!r}")
     if mask is not None:
-        check_mha_mask(mask, query.shape[0], module.n_heads, query.shape[1], key.shape[1])
+        check_mha_mask(mask, query.shape[0], module.n_heads, query.shape[1], key.shape[1], device=query.device)
 
 
-def check_bool_mask(mask, target_shape, what: str = "(..., T, S)") -> None:
-    """Check that ``mask`` is boolean and broadcasts to ``target_shape`` without growing it."""
+def check_bool_mask(mask, target_shape, what: str = "(..., T, S)", device=None, like: str = "q") -> None:
+    """Check that ``mask`` is boolean, broadcasts to ``target_shape`` without growing it and, when
+    ``device`` is given, lies on that device, the device of the tensor named ``like``."""
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a boolean torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
@@ -146,12 +166,18 @@ def check_bool_mask(mask, target_shape, what: str = "(..., T, S)") -> None:
             f"mask of shape {shape_str(mask.shape)} does not broadcast to the attention "
             f"scores' shape {what} = {shape_str(target)}"
         )
+    if device is not None and mask.device != torch.device(device):
+        # masks are built on the CPU unless told otherwise (causal_mask(T) and padding_mask of a list)
+        raise ValueError(
+            f"mask is on {mask.device} but {like} is on {device}: build the mask there, e.g. "
+            f"causal_mask(T, device={like}.device), or move it with mask.to({like}.device)"
+        )
 
 
-def check_mha_mask(mask, B: int, H: int, T: int, S: int) -> None:
+def check_mha_mask(mask, B: int, H: int, T: int, S: int, device=None) -> None:
     """A multi-head mask is 2-D, exactly (T, S), shared by every batch item and head, or 4-D,
     broadcastable to (B, H, T, S); a per-item key-padding mask must be 4-D, (B, 1, 1, S). When B == T > 1
-    a 2-D mask could mean either, so it must be given 4-D."""
+    a 2-D mask could mean either, so it must be given 4-D. ``device``: the device of the query."""
     if isinstance(mask, torch.Tensor) and mask.dim() not in (2, 4):
         raise ValueError(
             f"mask must be 2-D (T, S) = ({T}, {S}) or 4-D, broadcastable to (B, H, T, S) = "
@@ -172,7 +198,7 @@ def check_mha_mask(mask, B: int, H: int, T: int, S: int) -> None:
             "4 dimensions: mask[None, None] for one (T, S) mask shared by every item and head, or "
             "mask[:, None, None, :] (helpers.masks.padding_mask(lengths, S)) for a (B, 1, 1, S) key-padding mask"
         )
-    check_bool_mask(mask, (B, H, T, S), "(B, H, T, S)")
+    check_bool_mask(mask, (B, H, T, S), "(B, H, T, S)", device=device, like="query")
 
 
 def check_positions(x, positions) -> torch.Tensor:

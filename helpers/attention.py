@@ -16,6 +16,7 @@ from helpers._validate import (
     positive_int,
     probability,
     require_tensor,
+    shape_str,
 )
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -24,6 +25,9 @@ _HALF = (torch.float16, torch.bfloat16)
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Numerically stable softmax that subtracts the max first (lesson 03); an all -inf row gives zeros."""
     require_tensor(x, "x", floating=True)
+    if x.dim() > 0 and x.size(dim) == 0:
+        raise ValueError(f"softmax over an empty dimension is undefined: x has shape {shape_str(x.shape)}, "
+                         f"and dim={dim} has size 0")
     row_max = x.amax(dim=dim, keepdim=True)
     # An all -inf row has max -inf and -inf - (-inf) = nan: shift such rows by 0 instead.
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
@@ -42,7 +46,7 @@ def _zero_unread_values(v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0):
     """softmax(q k^T / sqrt(D)) v with a boolean mask, True = may attend (lesson 02; masks: 05).
 
-    q (..., T, D), k (..., S, D), v (..., S, Dv); mask broadcastable to (..., T, S).
+    q (..., T, D), k (..., S, D), v (..., S, Dv); mask broadcastable to (..., T, S), on the device of q.
     Returns (out (..., T, Dv), weights (..., T, S)). A fully masked row gives zero weights and a
     zero output row, never NaN. A key that every query is masked from (padding) may hold NaN or
     inf: it reaches no output. ``weights`` are the ones applied to v (after dropout, if any).
@@ -97,12 +101,12 @@ class AdditiveAttention(nn.Module):
         Returns (context (B, T, Dv), weights (B, T, S)); mask is boolean, True = may attend.
         """
         values = keys if values is None else values
-        check_additive_inputs(query, keys, values, self.w_q.in_features, self.w_k.in_features)
+        check_additive_inputs(self, query, keys, values)
         # (B, T, 1, hidden) + (B, 1, S, hidden) -> (B, T, S, hidden) -> (B, T, S)
         hidden = torch.tanh(self.w_q(query).unsqueeze(-2) + self.w_k(keys).unsqueeze(-3))
         scores = self.v(hidden).squeeze(-1)  # (B, T, S)
         if mask is not None:
-            check_bool_mask(mask, scores.shape, "(B, T, S)")
+            check_bool_mask(mask, scores.shape, "(B, T, S)", device=query.device, like="query")
             scores = scores.masked_fill(~mask, float("-inf"))
             values = _zero_unread_values(values, mask)  # padding may hold NaN: nobody reads it
         weights = softmax(scores, dim=-1)  # (B, T, S)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import shape_str
+from helpers._validate import TOKEN_ID_DTYPES, positive_ints, probability, require_tensor, shape_str
 from helpers.attention import MultiHeadAttention
 from helpers.masks import causal_mask
 from helpers.positional import PositionalEncoding
@@ -118,8 +118,11 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"):
         super().__init__()
+        d_model, d_ff = positive_ints(d_model=d_model, d_ff=d_ff)
+        dropout = probability(dropout, "dropout")
         if not isinstance(activation, str) or activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        self.d_model = d_model
         self.activation = ACTIVATIONS[activation]  # ReLU in the paper; GELU in BERT (lesson 11)
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
@@ -127,6 +130,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C)."""
+        require_tensor(x, "x", floating=True, min_dim=1, last=self.d_model, what=f"(B, T, C={self.d_model})")
         hidden = self.activation(self.linear1(x))  # (B, T, C) -> (B, T, d_ff)
         return self.linear2(self.dropout(hidden))  # (B, T, d_ff) -> (B, T, C)
 
@@ -208,12 +212,19 @@ class DecoderLayer(nn.Module):
 # --- input checks ------------------------------------------------------------------------------
 
 
-def _check_ids(ids, name: str, vocab_size: int, max_len: int) -> None:
-    """Raise a clear error unless ``ids`` is a (B, L) integer tensor of valid ids with L <= max_len."""
+def _check_ids(ids, name: str, vocab_size: int, max_len: int, device: torch.device) -> None:
+    """Raise a clear error unless ``ids`` is a (B, L) int64 or int32 tensor of valid ids with L <= max_len
+    on ``device``, the device of the model's embedding."""
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
-    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
-        raise TypeError(f"{name} must hold integer token ids (e.g. torch.long), got dtype {ids.dtype}")
+    if ids.dtype not in TOKEN_ID_DTYPES:
+        narrow = ids.dtype != torch.bool and not ids.is_floating_point() and not ids.is_complex()
+        raise TypeError(f"{name} must hold integer token ids of dtype torch.int64 (torch.long) or torch.int32, "
+                        f"the ones nn.Embedding takes, got dtype {ids.dtype}"
+                        + (f"; convert them with {name}.long()" if narrow else ""))
+    if ids.device != device:
+        raise ValueError(f"{name} is on {ids.device} but the model is on {device}: move the ids there with "
+                         f"{name}.to({str(device)!r})")
     if ids.dim() != 2:
         raise ValueError(f"{name} must have shape (B, L) (a batch of id sequences), got {shape_str(ids.shape)}")
     if ids.shape[0] == 0 or ids.shape[1] == 0:
@@ -266,7 +277,7 @@ class Encoder(_Stack):
 
     def forward(self, src_ids: torch.Tensor, src_mask=None) -> torch.Tensor:
         """src_ids (B, S), src_mask broadcastable to (B, H, S, S) -> memory (B, S, C)."""
-        _check_ids(src_ids, "src", self.config.src_vocab_size, self.config.max_len)
+        _check_ids(src_ids, "src", self.config.src_vocab_size, self.config.max_len, self.embed.weight.device)
         x = self.embed_tokens(src_ids)  # (B, S, C)
         for layer in self.layers:
             x = layer(x, src_mask)  # (B, S, C)
@@ -281,7 +292,7 @@ class Decoder(_Stack):
 
     def forward(self, tgt_ids, memory, tgt_mask=None, memory_mask=None) -> torch.Tensor:
         """tgt_ids (B, T), memory (B, S, C), masks to (B, H, T, T) and (B, H, T, S) -> hidden (B, T, C)."""
-        _check_ids(tgt_ids, "tgt", self.config.tgt_vocab_size, self.config.max_len)
+        _check_ids(tgt_ids, "tgt", self.config.tgt_vocab_size, self.config.max_len, self.embed.weight.device)
         C = self.config.d_model
         if not isinstance(memory, torch.Tensor) or memory.dim() != 3 or memory.shape[-1] != C \
                 or memory.shape[0] != tgt_ids.shape[0] or not memory.is_floating_point():
@@ -318,13 +329,13 @@ class Transformer(nn.Module):
 
     def encode(self, src: torch.Tensor):
         """src (B, S) -> (memory (B, S, C), src_mask (B, 1, 1, S)), the mask True at real tokens."""
-        _check_ids(src, "src", self.config.src_vocab_size, self.config.max_len)
+        _check_ids(src, "src", self.config.src_vocab_size, self.config.max_len, self.encoder.embed.weight.device)
         src_mask = _key_padding_mask(src, self.config.pad_id)  # (B, 1, 1, S)
         return self.encoder(src, src_mask), src_mask  # (B, S, C), (B, 1, 1, S)
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask=None) -> torch.Tensor:
         """tgt (B, T), memory (B, S, C), src_mask (B, 1, 1, S) -> logits (B, T, V); causal + target padding."""
-        _check_ids(tgt, "tgt", self.config.tgt_vocab_size, self.config.max_len)
+        _check_ids(tgt, "tgt", self.config.tgt_vocab_size, self.config.max_len, self.decoder.embed.weight.device)
         T = tgt.shape[1]
         # position t sees the earlier non-pad tokens: (T, T) & (B, 1, 1, T) -> (B, 1, T, T)
         tgt_mask = causal_mask(T, device=tgt.device) & _key_padding_mask(tgt, self.config.pad_id)
@@ -333,8 +344,8 @@ class Transformer(nn.Module):
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         """src (B, S), tgt (B, T) token ids -> logits (B, T, V) for the token after each target position."""
-        _check_ids(src, "src", self.config.src_vocab_size, self.config.max_len)
-        _check_ids(tgt, "tgt", self.config.tgt_vocab_size, self.config.max_len)
+        _check_ids(src, "src", self.config.src_vocab_size, self.config.max_len, self.encoder.embed.weight.device)
+        _check_ids(tgt, "tgt", self.config.tgt_vocab_size, self.config.max_len, self.decoder.embed.weight.device)
         if src.shape[0] != tgt.shape[0]:
             raise ValueError(f"src {shape_str(src.shape)} and tgt {shape_str(tgt.shape)} "
                              "must have the same batch size B")
@@ -354,7 +365,7 @@ def check_decode_args(model, src, bos_id, eos_id, max_len) -> None:
     if not isinstance(model, Transformer):
         raise TypeError(f"model must be a helpers.transformer.Transformer, got {type(model).__name__}")
     cfg = model.config
-    _check_ids(src, "src", cfg.src_vocab_size, cfg.max_len)
+    _check_ids(src, "src", cfg.src_vocab_size, cfg.max_len, model.encoder.embed.weight.device)
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < cfg.tgt_vocab_size:
             raise ValueError(f"{name} must be a target token id in [0, {cfg.tgt_vocab_size}), got {value!r}")

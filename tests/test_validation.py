@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import setuptools
 import torch
+import torch.nn.functional as F
 
 from helpers._validate import as_int, positive_int, probability
-from helpers.attention import AdditiveAttention, MultiHeadAttention, scaled_dot_product_attention
+from helpers.attention import AdditiveAttention, MultiHeadAttention, scaled_dot_product_attention, softmax
 from helpers.data import DataFileError, load_dates, read_date_tsv
 from helpers.device import seed_everything
 from helpers.masks import causal_mask, padding_mask
@@ -27,9 +28,11 @@ from helpers.positional import (
 )
 from helpers.rnn import Encoder
 from helpers.train import sequence_loss, train
+from helpers.transformer import FeedForward, Transformer, TransformerConfig, greedy_decode
 
 ROOT = Path(__file__).resolve().parents[1]
 DT = torch.float64
+META = torch.device("meta")  # a device other than the CPU, with no GPU: shapes only, no data
 
 
 def rand(*shape, seed=0, dtype=DT):
@@ -195,6 +198,67 @@ def test_sdpa_dropout_is_checked_and_applied():
     assert (mean - plain).abs().max() < 0.1  # unbiased on average
 
 
+def test_sdpa_mask_may_not_add_batch_dimensions_that_only_v_has():
+    """The scores (..., T, S) take the batch dimensions of q and k; PyTorch refuses a mask that would
+    add v's larger batch to them, and so do we, with a message naming the scores' shape."""
+    q, k, v = rand(1, 3, 4), rand(1, 5, 4), rand(2, 5, 6)
+    keep = torch.rand(2, 3, 5, generator=torch.Generator().manual_seed(0)) > 0.3
+    with pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 3, 5\) does not broadcast to the attention scores' "
+                                         r"shape \(\.\.\., T, S\) = \(1, 3, 5\)"):
+        scaled_dot_product_attention(q, k, v, mask=keep)
+    out, w = scaled_dot_product_attention(q, k, v, mask=keep[:1])  # a mask over q and k's batch is fine
+    assert out.shape == (2, 3, 6) and w.shape == (1, 3, 5)
+    assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:1]), atol=1e-12)
+
+
+# --- devices (the meta device stands in for a GPU) -------------------------------------------------------
+
+def test_sdpa_mask_on_another_device_names_both_devices_and_the_fix():
+    q = torch.zeros(2, 3, 4, device=META)
+    with pytest.raises(ValueError, match=r"^mask is on cpu but q is on meta: build the mask there, e\.g\. "
+                                         r"causal_mask\(T, device=q\.device\), or move it with mask\.to\(q\.device\)$"):
+        scaled_dot_product_attention(q, q, q, mask=causal_mask(3))
+    out, w = scaled_dot_product_attention(q, q, q, mask=causal_mask(3, device=q.device))
+    assert out.device == w.device == META and w.shape == (2, 3, 3)
+    x = rand(2, 3, 4)  # the ordinary case: CPU tensors and a CPU mask
+    out, w = scaled_dot_product_attention(x, x, x, mask=causal_mask(3))
+    assert torch.all(w[:, 0, 1:] == 0) and torch.allclose(w.sum(-1), torch.ones(2, 3, dtype=DT))
+
+
+def test_sdpa_q_k_v_on_different_devices():
+    q = torch.zeros(2, 3, 4, device=META)
+    with pytest.raises(ValueError, match=r"q, k and v must be on the same device, got meta, cpu and cpu"):
+        scaled_dot_product_attention(q, torch.zeros(2, 3, 4), torch.zeros(2, 3, 4))
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_mha_mask_on_another_device_names_both_devices(need_weights):
+    mha = MultiHeadAttention(8, 2).to(META)
+    x = torch.zeros(2, 3, 8, device=META)
+    for mask in (causal_mask(3), padding_mask([3, 2], 3)):  # 2-D (T, S) and 4-D (B, 1, 1, S), both on the CPU
+        with pytest.raises(ValueError, match=r"^mask is on cpu but query is on meta: build the mask there, e\.g\. "
+                                             r"causal_mask\(T, device=query\.device\), or move it with "
+                                             r"mask\.to\(query\.device\)$"):
+            mha(x, x, x, mask=mask, need_weights=need_weights)
+        out, _ = mha(x, x, x, mask=mask.to(META), need_weights=need_weights)
+        assert out.shape == (2, 3, 8) and out.device == META
+    cpu = MultiHeadAttention(8, 2).to(DT).eval()  # the ordinary case still works on both paths
+    y = rand(2, 3, 8)
+    a, _ = cpu(y, y, y, mask=causal_mask(3) & padding_mask([3, 2], 3), need_weights=need_weights)
+    b, _ = cpu(y, y, y, mask=causal_mask(3) & padding_mask([3, 2], 3), need_weights=not need_weights)
+    assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_mha_key_on_another_device_than_the_module():
+    mha = MultiHeadAttention(8, 2)
+    x = torch.zeros(2, 3, 8)
+    with pytest.raises(TypeError, match=r"key is torch.float32 on meta but the module's weights are "
+                                        r"torch.float32 on cpu"):
+        mha(x, x.to(META), x)
+
+
 # --- additive attention ---------------------------------------------------------------------------------
 
 def test_additive_attention_checks_values_and_sizes():
@@ -210,6 +274,109 @@ def test_additive_attention_checks_values_and_sizes():
         attn(query, rand(2, 5, 4))
     with pytest.raises(ValueError, match=r"hidden_dim must be a positive int, got 0"):
         AdditiveAttention(4, 6, 0)
+
+
+def test_additive_attention_checks_dtypes_devices_and_empty_keys():
+    attn = AdditiveAttention(4, 6, 8).to(DT)
+    query, keys = rand(2, 3, 4), rand(2, 5, 6)
+    with pytest.raises(ValueError, match=r"the key length S must be >= 1 \(softmax over no keys is undefined\): "
+                                         r"got query, keys and values \(2, 3, 4\), \(2, 0, 6\), \(2, 0, 6\)"):
+        attn(query, rand(2, 0, 6))
+    with pytest.raises(TypeError, match=r"query, keys and values must have the same dtype, got torch.float64, "
+                                        r"torch.float32 and torch.float32"):
+        attn(query, keys.float())
+    with pytest.raises(TypeError, match=r"query, keys and values must have the same dtype, got torch.float64, "
+                                        r"torch.float64 and torch.float32"):
+        attn(query, keys, rand(2, 5, 3).float())
+    with pytest.raises(TypeError, match=r"query, keys and values are torch.float32 on cpu but the module's weights "
+                                        r"are torch.float64 on cpu: convert one of them"):
+        attn(query.float(), keys.float())
+    with pytest.raises(ValueError, match=r"query, keys and values must be on the same device, got cpu, cpu and meta"):
+        attn(query, keys, torch.zeros(2, 5, 3, dtype=DT, device=META))
+    with pytest.raises(TypeError, match=r"query, keys and values are torch.float64 on meta but the module's weights "
+                                        r"are torch.float64 on cpu"):
+        attn(query.to(META), keys.to(META))
+    out, w = attn(query, keys, mask=padding_mask([5, 2], 5)[:, 0])  # the good call: (B, 1, S) mask
+    assert out.shape == (2, 3, 6) and torch.all(w[1, :, 2:] == 0)
+    assert torch.allclose(w.sum(-1), torch.ones(2, 3, dtype=DT))
+
+
+def test_additive_attention_mask_on_another_device():
+    attn = AdditiveAttention(4, 6, 8).to(META)
+    query, keys = torch.zeros(2, 3, 4, device=META), torch.zeros(2, 5, 6, device=META)
+    keep = padding_mask([5, 2], 5)[:, 0]  # (B, 1, S) on the CPU
+    with pytest.raises(ValueError, match=r"^mask is on cpu but query is on meta: build the mask there"):
+        attn(query, keys, mask=keep)
+    out, w = attn(query, keys, mask=keep.to(META))
+    assert out.shape == (2, 3, 6) and w.shape == (2, 3, 5) and w.device == META
+
+
+# --- softmax --------------------------------------------------------------------------------------------
+
+def test_softmax_over_an_empty_dimension_is_refused():
+    with pytest.raises(ValueError, match=r"softmax over an empty dimension is undefined: x has shape \(2, 0\), "
+                                         r"and dim=-1 has size 0"):
+        softmax(torch.zeros(2, 0))
+    with pytest.raises(ValueError, match=r"x has shape \(0, 3\), and dim=0 has size 0"):
+        softmax(torch.zeros(0, 3), dim=0)
+    empty_rows = softmax(torch.zeros(0, 3))  # no rows, each of 3 entries: nothing to normalise, no error
+    assert empty_rows.shape == (0, 3) and torch.equal(empty_rows, torch.softmax(torch.zeros(0, 3), dim=-1))
+    assert torch.equal(softmax(torch.tensor(2.0)), torch.tensor(1.0))  # a 0-d tensor, as torch.softmax
+
+
+# --- the Transformer: token ids and the feed-forward block ------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8])
+def test_token_ids_narrower_than_int32_are_refused(dtype):
+    model = Transformer(TransformerConfig.tiny(13, 11)).eval()
+    src, tgt = torch.randint(3, 11, (2, 5)), torch.randint(3, 11, (2, 4))
+    with pytest.raises(TypeError, match=rf"^src must hold integer token ids of dtype torch.int64 \(torch.long\) "
+                                        rf"or torch.int32, the ones nn.Embedding takes, got dtype {dtype}; convert "
+                                        rf"them with src.long\(\)$"):
+        model(src.to(dtype), tgt)
+    with pytest.raises(TypeError, match=rf"tgt must hold integer token ids .* got dtype {dtype}"):
+        model(src, tgt.to(dtype))
+    with pytest.raises(TypeError, match=rf"src must hold integer token ids .* got dtype {dtype}"):
+        greedy_decode(model, src.to(dtype), 1, 2, 5)
+    assert torch.equal(model(src.int(), tgt.int()), model(src, tgt))  # int32 and int64 are both fine
+
+
+def test_float_token_ids_get_no_advice_to_convert():
+    model = Transformer(TransformerConfig.tiny(13, 11)).eval()
+    with pytest.raises(TypeError, match=r"^src must hold integer token ids .* got dtype torch.float32$"):
+        model(torch.ones(2, 5), torch.ones(2, 4, dtype=torch.long))
+
+
+def test_token_ids_on_another_device_than_the_model():
+    model = Transformer(TransformerConfig.tiny(13, 11)).to(META)
+    src, tgt = torch.randint(3, 11, (2, 5)), torch.randint(3, 11, (2, 4))
+    with pytest.raises(ValueError, match=r"^src is on cpu but the model is on meta: move the ids there with "
+                                         r"src.to\('meta'\)$"):
+        model(src, tgt)
+    with pytest.raises(ValueError, match=r"^src is on cpu but the model is on meta"):
+        model.encode(src)
+    with pytest.raises(ValueError, match=r"^tgt is on cpu but the model is on meta"):
+        model.decode(tgt, torch.zeros(2, 5, 32, device=META))
+    with pytest.raises(ValueError, match=r"^src is on cpu but the model is on meta"):
+        greedy_decode(model, src, 1, 2, 5)
+
+
+def test_feed_forward_checks_its_sizes_dropout_and_input():
+    with pytest.raises(ValueError, match=r"d_ff must be a positive int, got 0"):
+        FeedForward(8, 0)
+    with pytest.raises(ValueError, match=r"d_model must be a positive int, got 8.0"):
+        FeedForward(8.0, 16)
+    for bad in (2.0, -0.1, 1.0):
+        with pytest.raises(ValueError, match=rf"dropout must be a probability in \[0, 1\), got {bad}"):
+            FeedForward(8, 16, dropout=bad)
+    ff = FeedForward(np.int64(8), 16, dropout=0)
+    assert (ff.linear1.in_features, ff.linear1.out_features, ff.dropout.p) == (8, 16, 0.0)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T, C=8\), got \(2, 3, 5\)"):
+        ff(torch.zeros(2, 3, 5))
+    with pytest.raises(TypeError, match=r"x must be a floating-point tensor, got dtype torch.int64"):
+        ff(torch.zeros(2, 3, 8, dtype=torch.long))
+    x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(ff(x), ff.linear2(torch.relu(ff.linear1(x))))  # the good call: Eq. 2
 
 
 # --- positions ------------------------------------------------------------------------------------------
