@@ -155,7 +155,6 @@ def run(args, device) -> list[dict]:
                     print(f"skip T={T} {dtype_name} {mode}: {why}", flush=True)
                     rows.append(make_row(args, dtype_name, in_place_of, mode, T, contestants, {}, {}, {},
                                          dict.fromkeys(contestants, why)))
-                    del x
                     release_memory(device)
                     continue
                 # relative to the size of the outputs; half precision keeps 2-3 significant digits

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import numbers
 import os
 import random
 import re
@@ -47,8 +48,17 @@ class Vocab:
 
     def decode(self, ids) -> str:
         """Text of ``ids``, stopping at the first </s> and skipping <pad> and <s>."""
+        if isinstance(ids, torch.Tensor):
+            if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+                raise ValueError(f"decode takes one sequence of integer ids, a 1-D tensor; got shape "
+                                 f"{tuple(ids.shape)} dtype {ids.dtype} (decode a batch row by row)")
+            ids = ids.tolist()
+        ids = list(ids)
+        for pos, i in enumerate(ids):
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < len(self):
+                raise ValueError(f"id {i!r} at position {pos} is not in the vocabulary: ids are 0..{len(self) - 1}")
         out = []
-        for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids):
+        for i in ids:
             if i == self.eos_id:
                 break
             if i not in (self.pad_id, self.bos_id):
@@ -57,7 +67,11 @@ class Vocab:
 
     def batch(self, texts, bos: bool = False, eos: bool = False) -> torch.Tensor:
         """Encode several texts into one (B, L) LongTensor, right-padded with <pad>."""
+        if isinstance(texts, str):
+            raise TypeError(f"texts must be a list of strings, got the single string {texts!r}")
         rows = [self.encode(t, bos=bos, eos=eos) for t in texts]
+        if not rows:
+            raise ValueError("texts is empty: a batch needs at least one text")
         width = max(len(r) for r in rows)
         return torch.tensor([r + [self.pad_id] * (width - len(r)) for r in rows], dtype=torch.long)
 
@@ -131,6 +145,8 @@ def ordinal(n: int) -> str:
 
 def format_date(date: datetime.date, fmt: str) -> str:
     """Write ``date`` in the human-readable format ``fmt``, one of DATE_FORMATS (lesson 08)."""
+    if isinstance(date, datetime.datetime):
+        date = date.date()  # a datetime is a date with a time of day, which no format shows
     if not isinstance(date, datetime.date):
         raise TypeError(f"date must be a datetime.date, got {type(date).__name__}")
     if "{yy}" in fmt and not FIRST_DATE <= date <= LAST_DATE:

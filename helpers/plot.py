@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 
+from helpers._validate import positive_int
+
 # One colour per role, shared by every heatmap here and every diagram in helpers.diagrams.
 # Okabe & Ito (2008), "Color Universal Design": distinguishable with all common colour-vision
 # deficiencies. Attention weights use viridis (also colour-blind safe and readable in grey).
@@ -106,7 +108,9 @@ def heads_grid(weights, query_labels=None, key_labels=None, ncols=4, title=None)
     if w.ndim != 3:
         raise ValueError(f"weights must be 3-D (H, T, S), got shape {w.shape}; pick one batch item")
     H = w.shape[0]
-    ncols = min(ncols, H)
+    if H == 0:
+        raise ValueError(f"weights have no heads: shape {w.shape}, need (H, T, S) with H >= 1")
+    ncols = min(positive_int(ncols, "ncols (panels per row)"), H)
     nrows = math.ceil(H / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols + 1.0, 3.0 * nrows), squeeze=False)
     top = max(1e-12, float(w.max()))  # one scale for all heads, so one colour bar reads them all

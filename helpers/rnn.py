@@ -16,15 +16,19 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from helpers._validate import positive_int, positive_ints, require_tensor, shape_str
+from helpers._validate import as_int, positive_int, positive_ints, require_tensor, shape_str
 from helpers.attention import AdditiveAttention
 
 
 def _require_ids(x, name: str, vocab_size: int) -> None:
     require_tensor(x, name)
-    if x.dim() != 2 or x.is_floating_point() or x.dtype == torch.bool:
-        raise ValueError(f"{name} must be a (B, L) tensor of integer token ids, got shape "
-                         f"{shape_str(x.shape)} dtype {x.dtype}")
+    if x.dtype not in (torch.int64, torch.int32):  # the ids nn.Embedding takes; int8, int16, uint8 crash in it
+        narrow = x.dtype != torch.bool and not x.is_floating_point() and not x.is_complex()
+        raise TypeError(f"{name} must hold integer token ids of dtype torch.int64 (torch.long) or torch.int32, "
+                        f"the ones nn.Embedding takes, got dtype {x.dtype}"
+                        + (f"; convert them with {name}.long()" if narrow else ""))
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be a (B, L) tensor of token ids, got shape {shape_str(x.shape)}")
     if x.numel() and (x.min() < 0 or x.max() >= vocab_size):
         raise ValueError(f"{name} holds ids in [{int(x.min())}, {int(x.max())}] but the vocabulary has "
                          f"{vocab_size} tokens (ids 0..{vocab_size - 1})")
@@ -44,6 +48,15 @@ def source_mask(src: torch.Tensor, pad_id: int = 0) -> torch.Tensor:
     return mask
 
 
+def _token_id(value, name: str, vocab_size: int) -> int:
+    """``value`` as an id of a vocabulary of ``vocab_size`` tokens, 0..vocab_size-1, or a ValueError naming it."""
+    value = as_int(value, name, minimum=None)
+    if not 0 <= value < vocab_size:
+        raise ValueError(f"{name}={value} is not a token id of the vocabulary of {vocab_size} tokens "
+                         f"(ids 0..{vocab_size - 1})")
+    return value
+
+
 class Encoder(nn.Module):
     """GRU encoder: token ids (B, S) -> states (B, S, E) and a summary (B, E), E = hidden * directions (lesson 01)."""
 
@@ -51,7 +64,7 @@ class Encoder(nn.Module):
                  pad_id: int = 0):
         super().__init__()
         vocab_size, emb_dim, hidden_dim = positive_ints(vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim)
-        self.vocab_size, self.pad_id = vocab_size, pad_id
+        self.vocab_size, self.pad_id = vocab_size, _token_id(pad_id, "pad_id", vocab_size)
         self.out_dim = hidden_dim * (2 if bidirectional else 1)
         self.embed = nn.Embedding(vocab_size, emb_dim, padding_idx=pad_id)
         self.gru = nn.GRU(emb_dim, hidden_dim, batch_first=True, bidirectional=bidirectional)
@@ -200,7 +213,9 @@ class Seq2Seq(nn.Module):
             raise ValueError(f"read='states' needs value_dim={encoder.out_dim} (the encoder state width), "
                              f"got value_dim={decoder.value_dim}")
         self.encoder, self.decoder, self.read = encoder, decoder, read
-        self.pad_id, self.bos_id, self.eos_id = encoder.pad_id, bos_id, eos_id
+        self.pad_id = encoder.pad_id
+        self.bos_id = _token_id(bos_id, "bos_id", decoder.vocab_size)  # fed to the decoder: target ids
+        self.eos_id = _token_id(eos_id, "eos_id", decoder.vocab_size)
 
     def start(self, src: torch.Tensor):
         """Encode src (B, S) and return the decoder's initial memory."""
@@ -215,6 +230,8 @@ class Seq2Seq(nn.Module):
         _require_ids(tgt_in, "tgt_in", self.decoder.vocab_size)
         if tgt_in.shape[0] != src.shape[0]:
             raise ValueError(f"src {shape_str(src.shape)} and tgt_in {shape_str(tgt_in.shape)} disagree on B")
+        if tgt_in.shape[1] == 0:
+            raise ValueError(f"tgt_in {shape_str(tgt_in.shape)} has no steps: teacher forcing needs T >= 1")
         logits, _, weights = self.decoder(tgt_in, self.start(src))
         return logits, weights
 

@@ -84,7 +84,7 @@ def sdpa_backend(name: str):
     formula, which materialises the (T, S) scores). A kernel that cannot run the given inputs
     makes the call raise RuntimeError instead of silently falling back.
     """
-    from torch.nn.attention import SDPBackend, sdpa_kernel  # torch >= 2.3, as the course requires
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # added in torch 2.3; the course needs 2.5
 
     names = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
              "math": "MATH"}

@@ -71,9 +71,18 @@ def sequence_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int | Non
             f"logits must be (B, T, V) and targets (B, T); got {tuple(logits.shape)} and "
             f"{tuple(targets.shape)}"
         )
-    ignore = -100 if pad_id is None else pad_id
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                           ignore_index=ignore)
+    V = logits.shape[-1]
+    ignore = -100 if pad_id is None else pad_id  # -100: F.cross_entropy's own "skip this position"
+    counted = targets != ignore  # (B, T)
+    if not counted.any():
+        raise ValueError(f"every target is pad_id={ignore}: there is no token to compute a loss on "
+                         "(is the batch empty, or is pad_id the id of a real token?)")
+    bad = counted & ((targets < 0) | (targets >= V))  # (B, T)
+    if bad.any():  # checked here: on CUDA an id out of range is a device-side assert, not an error message
+        b, t = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"targets[{b}, {t}] = {int(targets[b, t])} is not a token id: logits have V={V} "
+                         f"classes (ids 0..{V - 1})")
+    return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=ignore)  # (B*T, V), (B*T,)
 
 
 def _check_pair(pred, target):
@@ -94,5 +103,7 @@ def token_accuracy(pred: torch.Tensor, target: torch.Tensor, pad_id: int | None 
 def exact_match(pred: torch.Tensor, target: torch.Tensor, pad_id: int | None = None) -> float:
     """Fraction of sequences whose every non-pad token is right; pred, target (B, T) ids (lesson 01)."""
     _check_pair(pred, target)
+    if target.dim() != 2 or target.shape[0] == 0:
+        raise ValueError(f"pred and target must be (B, T) with B >= 1 sequences, got {tuple(target.shape)}")
     keep = torch.ones_like(target, dtype=torch.bool) if pad_id is None else target != pad_id
     return ((pred == target) | ~keep).all(dim=1).float().mean().item()

@@ -240,21 +240,34 @@ def cmd_execute(paths) -> int:
     return 1 if failed else 0
 
 
+def lesson_number(text: str) -> str | None:
+    """The two-digit id of the lesson that ``text`` names ("4" and "04" -> "04"), or None after saying why not."""
+    known = sorted({lesson_id(path) for path in all_notebooks()})
+    if text.isdecimal() and f"{int(text):02d}" in known:
+        return f"{int(text):02d}"
+    print(f"LESSON={text!r} is not a lesson number; the lessons are {', '.join(known)} "
+          "(LESSON=4 and LESSON=04 both mean lesson 04)")
+    return None
+
+
 def cmd_workcopy(work: Path, reset: str | None = None) -> int:
     """Copy every lesson and solution into ``work`` (kept by git's ignore list) for JupyterLab.
 
     Copies that exist are left alone: they hold the learner's work. With ``reset`` (a lesson
-    number such as "04", or "" for all) the pristine lesson is copied again and the learner's
-    copy is kept beside it as NAME.saved-DATE.ipynb. language_info is set to this Python, the
-    one the kernel runs, so that JupyterLab does not mark a lesson modified when it opens it.
+    number, "04" or "4" for exactly lesson 04, or "" for all) the pristine lesson and its solutions
+    are copied again and the learner's copy is kept beside it as NAME.saved-DATE.ipynb.
+    language_info is set to this Python, the one the kernel runs, so that JupyterLab does not mark
+    a lesson modified when it opens it.
     """
+    reset = None if reset is None else reset.strip()
+    lesson = lesson_number(reset) if reset else None  # exactly that lesson: LESSON=1 is not 10 or 11
+    if reset and lesson is None:
+        return 1
     stamp = time.strftime("%Y%m%d-%H%M%S")
     copied = kept = 0
-    matched = False
     for src in all_notebooks():
         dest = work / src.relative_to(NOTEBOOKS)
-        wanted = reset is not None and src.name.startswith(reset)
-        matched = matched or wanted
+        wanted = reset is not None and (lesson is None or lesson_id(src) == lesson)
         if dest.exists() and not wanted:
             kept += 1
             continue
@@ -267,9 +280,6 @@ def cmd_workcopy(work: Path, reset: str | None = None) -> int:
         nb["metadata"]["language_info"]["version"] = platform.python_version()
         dest.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
         copied += 1
-    if reset and not matched:
-        print(f"no lesson starts with {reset!r}")
-        return 1
     print(f"{work}: {copied} lesson(s) copied from notebooks/, {kept} of your copies kept")
     return 0
 

@@ -5,7 +5,9 @@ import hashlib
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -145,6 +147,12 @@ def test_format_date_errors():
         format_date("2000-01-01", "{d}")
 
 
+def test_format_date_takes_a_datetime_as_its_date():
+    moment = datetime.datetime(2021, 3, 3, 23, 59)
+    for fmt in DATE_FORMATS:
+        assert format_date(moment, fmt) == format_date(datetime.date(2021, 3, 3), fmt)
+
+
 def test_generator_is_deterministic_and_seeded():
     a = make_date_splits(seed=5, sizes={"train": 50, "test": 20})
     assert a == make_date_splits(seed=5, sizes={"train": 50, "test": 20})
@@ -248,3 +256,27 @@ def test_lesson_01_pieces_unchanged():
     assert DIGITS.itos == ["<pad>", "<s>", "</s>", *"0123456789"] and isinstance(DIGITS, Vocab)
     assert digit_pairs(3, 2, 4, seed=0) == digit_pairs(3, 2, 4, seed=0)
     assert all(t == s[::-1] for s, t in digit_pairs(20, 1, 6, seed=1))
+
+
+def test_vocab_decode_round_trip_and_bad_ids():
+    ids = DIGITS.encode("4071", bos=True, eos=True) + [DIGITS.pad_id, 5]
+    assert DIGITS.decode(ids) == "4071" and DIGITS.decode(torch.tensor(ids)) == "4071"
+    assert DIGITS.decode(np.array(ids)) == "4071"  # numpy integers are ids too
+    with pytest.raises(ValueError, match=r"id -1 at position 1 is not in the vocabulary: ids are 0\.\.12"):
+        DIGITS.decode([3, -1])  # not the last symbol, as Python's negative indexing would give
+    with pytest.raises(ValueError, match=r"id 40 at position 0 is not in the vocabulary"):
+        DIGITS.decode(torch.tensor([40]))
+    with pytest.raises(ValueError, match=r"id 3.0 at position 0"):
+        DIGITS.decode([3.0])
+    with pytest.raises(ValueError, match=r"1-D tensor; got shape \(2, 3\) dtype torch.int64 \(decode a batch row"):
+        DIGITS.decode(torch.full((2, 3), 4))
+    with pytest.raises(ValueError, match=r"got shape \(3,\) dtype torch.float32"):
+        DIGITS.decode(torch.ones(3))
+
+
+def test_vocab_batch_pads_and_refuses_empty_input():
+    assert DIGITS.batch(["12", "3"], eos=True).tolist() == [[4, 5, 2], [6, 2, 0]]
+    with pytest.raises(ValueError, match=r"texts is empty: a batch needs at least one text"):
+        DIGITS.batch([])
+    with pytest.raises(TypeError, match=r"a list of strings, got the single string '12'"):
+        DIGITS.batch("12")

@@ -1,8 +1,11 @@
 """helpers.masks, helpers.positional (core), helpers.device, helpers.plot, helpers.checks."""
 
 import math
+import random
+from types import SimpleNamespace
 
 import matplotlib
+import numpy as np
 import pytest
 import torch
 
@@ -75,17 +78,57 @@ def test_get_device_override(monkeypatch):
             get_device()
 
 
+def test_get_device_prefers_cuda_then_mps_then_cpu(monkeypatch):
+    monkeypatch.delenv("COURSE_DEVICE", raising=False)
+    mps = getattr(torch.backends, "mps", None)
+    for cuda, has_mps, expected in [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")]:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        if mps is not None:
+            monkeypatch.setattr(mps, "is_available", lambda has_mps=has_mps: has_mps)
+        elif has_mps:
+            continue  # a torch without the MPS backend cannot claim it
+        assert get_device() == torch.device(expected), (cuda, has_mps)
+
+
 def test_seed_everything_repeats():
+    def draw():
+        return random.random(), np.random.rand(3).tolist(), torch.randn(4).tolist()
+
     seed_everything(3)
-    a = torch.randn(4)
+    first = draw()
     seed_everything(3)
-    assert torch.equal(a, torch.randn(4))
+    assert draw() == first  # Python's random, numpy and torch all repeat
+    seed_everything(4)
+    assert all(a != b for a, b in zip(draw(), first, strict=True))  # and each follows the seed
+
+
+def test_benchmark_warms_up_then_times(monkeypatch):
+    from torch.utils import benchmark as tbench
+
+    calls, warm_calls = [], []
+
+    class FakeTimer:  # stands in for torch's timer, to see what happened before the timing began
+        def __init__(self, stmt, globals):
+            self.call = globals["call"]
+
+        def blocked_autorange(self, min_run_time):
+            warm_calls.append(len(calls))
+            for _ in range(5):
+                self.call()
+            return SimpleNamespace(median=2e-3, iqr=1e-4, times=[2e-3] * 5)
+
+    monkeypatch.setattr(tbench, "Timer", FakeTimer)
+    t = benchmark(lambda: calls.append(1), warmup=2, min_run_time=0.01, device="cpu")
+    assert warm_calls == [2] and len(calls) == 2 + 5  # exactly `warmup` calls before the timer starts
+    assert (t.median_s, t.iqr_s, t.runs) == (2e-3, 1e-4, 5)
+    benchmark(lambda: calls.append(1), warmup=0, min_run_time=0.01, device="cpu")
+    assert warm_calls == [2, 7]
 
 
 def test_benchmark_counts_runs():
     calls = []
     t = benchmark(lambda: calls.append(1), warmup=2, min_run_time=0.01, device="cpu")
-    assert t.runs >= 1 and t.median_s >= 0 and len(calls) >= 3
+    assert t.runs >= 1 and t.median_s >= 0 and len(calls) >= 2 + t.runs
 
 
 def test_plot_heatmap_and_grid():
@@ -97,6 +140,15 @@ def test_plot_heatmap_and_grid():
         attention_heatmap(torch.rand(3, 4), None, ["a", "b"])
     fig = heads_grid(torch.rand(3, 4, 4))
     assert len([a for a in fig.axes if a.get_title().startswith("head")]) == 3
+    for bad in (0, -2, 1.5):
+        with pytest.raises(ValueError, match=rf"ncols \(panels per row\) must be a positive int, got {bad}"):
+            heads_grid(torch.rand(3, 4, 4), ncols=bad)
+    with pytest.raises(ValueError, match=r"weights have no heads: shape \(0, 4, 4\)"):
+        heads_grid(torch.rand(0, 4, 4))
+    fig = heads_grid(torch.rand(3, 4, 4), ncols=2)  # 2 + 1 panels, the fourth slot left blank
+    assert [a.get_title() for a in fig.axes if a.get_title().startswith("head")] == ["head 0", "head 1", "head 2"]
+    assert fig.axes[0].get_subplotspec().get_gridspec().get_geometry() == (2, 2)
+    matplotlib.pyplot.close("all")
 
 
 def test_import_has_no_side_effects():

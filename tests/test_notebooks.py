@@ -171,6 +171,25 @@ def test_workcopy_keeps_the_learners_work_and_resets_one_lesson(tmp_path):
     assert nbtools.cmd_workcopy(tmp_path, reset="99") == 1  # no such lesson
 
 
+@pytest.mark.parametrize("number", ["1", "01", " 1 "])
+def test_workcopy_reset_names_exactly_one_lesson(tmp_path, number):
+    assert nbtools.cmd_workcopy(tmp_path) == 0
+    for copy in tmp_path.rglob("*.ipynb"):
+        copy.write_text('{"learner": "work"}')
+    assert nbtools.cmd_workcopy(tmp_path, reset=number) == 0  # make reset LESSON=1: lesson 01, not 10 or 11
+    reset = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.ipynb")
+                   if ".saved-" not in p.name and p.read_text() != '{"learner": "work"}')
+    assert reset == sorted(p.relative_to(nbtools.NOTEBOOKS) for p in ALL if p.name.startswith("01_"))
+    assert len(list(tmp_path.rglob("*.saved-*.ipynb"))) == 2  # the lesson and its solutions
+
+
+@pytest.mark.parametrize("bad", ["x", "1x", "-1", "01_why_attention", "100"])
+def test_workcopy_reset_rejects_what_is_not_a_lesson_number(tmp_path, bad, capsys):
+    assert nbtools.cmd_workcopy(tmp_path, reset=bad) == 1
+    assert not list(tmp_path.rglob("*.ipynb"))  # nothing copied
+    assert f"LESSON={bad!r} is not a lesson number; the lessons are 00, 01, " in capsys.readouterr().out
+
+
 def imported_names(source):
     """Yield dotted names a cell imports from helpers ('helpers.masks', 'helpers.attention.softmax')."""
     lines = [ln for ln in source.split("\n") if not ln.lstrip().startswith(("%", "!"))]

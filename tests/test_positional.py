@@ -19,6 +19,7 @@ from helpers.positional import (
     apply_rotary,
     rotary_angles,
     sinusoidal_encoding,
+    wavelengths,
 )
 
 seeds = st.integers(0, 10_000)
@@ -188,6 +189,30 @@ def test_positional_encoding_adds_the_table_and_refuses_long_inputs():
     assert torch.allclose(layer(x, offset=6), x + sinusoidal_encoding(10, 8)[6:])
     with pytest.raises(ValueError, match=r"positions 7..10 exceed max_len=10"):
         layer(x, offset=7)
+
+
+def test_positional_encoding_dropout_in_train_mode_only():
+    layer = PositionalEncoding(32, max_len=64, dropout=0.5)
+    x = randn(1, 8, 64, 32).float()
+    clean = x + sinusoidal_encoding(64, 32)  # (8, 64, 32): no entry is 0
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        out = layer.train()(x)
+    kept = out != 0
+    assert 0.45 < kept.float().mean().item() < 0.55  # about half of the 16384 entries dropped ...
+    assert torch.allclose(out[kept], 2 * clean[kept])  # ... and the rest scaled by 1 / (1 - p) = 2
+    layer.eval()
+    assert torch.equal(layer(x), layer(x)) and torch.allclose(layer(x), clean)
+
+
+def test_wavelengths_follow_the_formula():
+    # the pair (2i, 2i+1) turns by pos / 10000^(2i/d_model), so it repeats every 2 pi 10000^(2i/d_model) positions
+    assert torch.allclose(wavelengths(8), 2 * math.pi * torch.tensor([1.0, 10.0, 100.0, 1000.0], dtype=torch.float64))
+    assert torch.allclose(wavelengths(5), 2 * math.pi * 10000.0 ** (torch.tensor([0.0, 2, 4], dtype=torch.float64) / 5))
+    lam = wavelengths(16)[3].item()  # one full period later, column 6 (sin) and 7 (cos) are back
+    pe = sinusoidal_encoding(1, 16)
+    angle = torch.tensor(lam, dtype=torch.float64) / 10000.0 ** (6 / 16)
+    assert torch.allclose(torch.stack([angle.sin(), angle.cos()]).float(), pe[0, 6:8], atol=1e-6)
 
 
 # -------------------------------------------------------------------------- learned embeddings

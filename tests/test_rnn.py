@@ -271,10 +271,10 @@ def test_source_mask():
 def test_errors_name_the_bad_input():
     model = make(True)
     src, tgt_in = random_src([3, 2]), random_tgt(2, 3)
-    with pytest.raises(ValueError, match=r"src must be a \(B, L\) tensor of integer token ids, got shape "
-                                         r"\(2, 3\) dtype torch.float32"):
+    with pytest.raises(TypeError, match=r"^src must hold integer token ids of dtype torch.int64 \(torch.long\) or "
+                                        r"torch.int32, the ones nn.Embedding takes, got dtype torch.float32$"):
         model(src.float(), tgt_in)
-    with pytest.raises(ValueError, match=r"src must be a \(B, L\) .* got shape \(3,\)|got shape \(3\)"):
+    with pytest.raises(ValueError, match=r"src must be a \(B, L\) tensor of token ids, got shape \(3,?\)"):
         model(src[0], tgt_in)
     with pytest.raises(TypeError, match="src must be a torch.Tensor, got list"):
         model([[3, 4]], tgt_in)
@@ -287,6 +287,40 @@ def test_errors_name_the_bad_input():
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="max_len must be a positive int"):
             model.greedy_decode(src, bad)
+    with pytest.raises(ValueError, match=r"tgt_in \(2, 0\) has no steps: teacher forcing needs T >= 1"):
+        model(src, tgt_in[:, :0])
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8])
+def test_ids_narrower_than_int32_are_refused(dtype):
+    model = make(True)
+    src, tgt_in = random_src([3, 2]), random_tgt(2, 3)
+    with pytest.raises(TypeError, match=rf"^src must hold integer token ids .* got dtype {dtype}; convert them "
+                                        rf"with src.long\(\)$"):
+        model(src.to(dtype), tgt_in)
+    with pytest.raises(TypeError, match=rf"^tgt_in must hold integer token ids .* got dtype {dtype}"):
+        model(src, tgt_in.to(dtype))
+    with pytest.raises(TypeError, match=rf"^src must hold integer token ids .* got dtype {dtype}"):
+        model.greedy_decode(src.to(dtype), 4)
+    assert torch.equal(model(src.int(), tgt_in.int())[0], model(src, tgt_in)[0])  # int32 and int64 both work
+
+
+def test_special_ids_must_be_in_the_vocabulary():
+    for pad in (-1, V, 2.0):
+        with pytest.raises(ValueError, match=rf"pad_id={pad}|pad_id must be an int, got {pad}"):
+            Encoder(V, EMB, HID, pad_id=pad)
+    with pytest.raises(ValueError, match=rf"pad_id=-1 is not a token id of the vocabulary of {V} tokens "
+                                         rf"\(ids 0..{V - 1}\)"):
+        Encoder(V, EMB, HID, pad_id=-1)  # not nn.Embedding's padding_idx=-1, the last row
+    enc = Encoder(V, EMB, HID, bidirectional=True)
+    dec = AttentionDecoder(11, EMB, 7, 2 * HID, 4)  # a target vocabulary of 11 tokens
+    with pytest.raises(ValueError, match=r"bos_id=11 is not a token id of the vocabulary of 11 tokens"):
+        Seq2Seq(enc, dec, bos_id=11)
+    with pytest.raises(ValueError, match=r"eos_id=-2 is not a token id"):
+        Seq2Seq(enc, dec, eos_id=-2)
+    assert Encoder(V, EMB, HID, pad_id=V - 1).embed.padding_idx == V - 1
+    model = Seq2Seq(enc, dec, bos_id=10, eos_id=0)
+    assert (model.bos_id, model.eos_id) == (10, 0) and model.greedy_decode(random_src([3, 2]), 2).shape == (2, 2)
 
 
 def test_constructor_errors():

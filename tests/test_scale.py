@@ -202,7 +202,26 @@ def test_sdpa_backends_on_cpu():
     with pytest.raises(ValueError, match=r"backend must be one of .* got 'fast'"):
         with sdpa_backend("fast"):
             pass
-    assert auto_sdpa_backend(q, k, v) in ("flash", "efficient", "cudnn", "math", "unknown")
+
+
+def test_auto_sdpa_backend_names_the_kernel_torch_picks(monkeypatch):
+    q, k, v = (torch.randn(1, 2, 16, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    assert auto_sdpa_backend(q, k, v) == "flash"  # on the CPU torch picks its blocked flash kernel ...
+    with sdpa_backend("math"):
+        assert auto_sdpa_backend(q, k, v) == "math"  # ... unless only the plain formula is allowed
+    if torch.cuda.is_available():
+        qc, kc, vc = (t.to("cuda", torch.float16) for t in (q, k, v))
+        assert auto_sdpa_backend(qc, kc, vc) in ("flash", "efficient", "cudnn")  # a fused kernel on a GPU
+        with sdpa_backend("math"):
+            assert auto_sdpa_backend(qc, kc, vc) == "math"
+
+    def gone(*args):
+        raise RuntimeError("a private function that changed")
+
+    monkeypatch.setattr(torch, "_fused_sdp_choice", gone)
+    assert auto_sdpa_backend(q, k, v) == "unknown"
+    monkeypatch.delattr(torch, "_fused_sdp_choice")
+    assert auto_sdpa_backend(q, k, v) == "unknown"
 
 
 # --- peak_memory on the CPU ------------------------------------------------------------------------
@@ -374,3 +393,80 @@ def test_kv_cache_benchmark_smoke():
     assert [r["batch"] for r in out["results"]] == [1, 3]
     assert all(r["identical_outputs"] and r["speedup"] > 0 for r in out["results"])
     assert out["widths"][0]["d_model"] == 32 and out["widths"][0]["step_s"] > 0
+
+
+def test_kv_cache_benchmark_reports_where_ids_differ_and_goes_on(monkeypatch):
+    """A near-tie on a GPU can change one token and the rest of its row: recorded, not a crash."""
+    bench = _bench("bench_kv_cache")
+    ids = torch.arange(12).reshape(3, 4)
+    other = ids.clone()
+    other[2, 1], other[1, 3] = -1, -1
+    assert bench.first_divergence(ids, ids.clone()) is None
+    assert bench.first_divergence(other, ids) == {"row": 2, "position": 1, "rows_differing": 2}
+    assert "shape" in bench.first_divergence(ids[:, :3], ids)
+
+    def cached_with_one_flipped_token(*args, **kwargs):
+        out = greedy_decode_cached(*args, **kwargs).clone()
+        if out.shape[0] == 3:
+            out[1, 3] = (out[1, 3] + 1) % 5  # a different token at step 3 of row 1
+        return out
+
+    monkeypatch.setattr(bench, "greedy_decode_cached", cached_with_one_flipped_token)
+    out = bench.main(["--device", "cpu", "--new-tokens", "4", "--batches", "3", "--widths",
+                      "--repeats", "1", "--no-write"])
+    r = out["results"][0]
+    assert not r["identical_outputs"] and r["divergence"] == {"cached": {"row": 1, "position": 3,
+                                                                         "rows_differing": 1}}
+    assert r["speedup"] > 0  # timed all the same
+    assert "outputs differ" in bench.markdown(out["results"], []) and "row 1, position 3" in \
+        bench.markdown(out["results"], [])
+
+
+def test_fp16_stands_in_for_bf16_where_bf16_is_not_native(monkeypatch):
+    """As on a T4 or V100 (compute capability 7): the half-precision rows run in fp16, and say so."""
+    common = _bench("common")
+    bench = _bench("bench_mha")
+    cpu = torch.device("cpu")
+    assert common.native_dtypes(["fp32", "bf16"], cpu) == [("fp32", None), ("bf16", None)]
+    monkeypatch.setattr(common, "dtype_supported", lambda dtype, device: dtype != torch.bfloat16)
+    assert common.native_dtypes(["fp32", "bf16"], cpu) == [("fp32", None), ("fp16", "bf16")]
+    assert common.native_dtypes(["fp16", "bf16"], cpu) == [("fp16", None)]  # not twice
+    out = bench.main(["--device", "cpu", "--sizes", "16", "--modes", "fwd", "--dtypes", "bf16", "--batch", "2",
+                      "--d-model", "32", "--heads", "2", "--repeats", "1", "--warmup", "0", "--no-write"])
+    row = out["rows"][0]
+    assert row["dtype"] == "fp16" and row["in_place_of"] == "bf16" and row["course_s"] > 0
+    assert "fp16 rows stand in for bf16" in bench.markdown(out["rows"])
+
+
+def test_mha_benchmark_skips_what_does_not_fit_and_goes_on(monkeypatch):
+    bench = _bench("bench_mha")
+    args = ["--device", "cpu", "--sizes", "16", "32", "--modes", "fwd", "--batch", "2", "--d-model", "32",
+            "--heads", "2", "--repeats", "1", "--warmup", "0", "--no-write"]
+    real_check = bench.check_outputs
+
+    def check_out_of_memory_above_16(contestants, x):
+        if x.shape[1] > 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 24.00 GiB")
+        return real_check(contestants, x)
+
+    monkeypatch.setattr(bench, "check_outputs", check_out_of_memory_above_16)
+    small, big = bench.main(args)["rows"]
+    assert small["course_s"] > 0 and small["max_abs_diff"] < 1e-4
+    assert big["max_abs_diff"] is None and big["course_s"] is None and big["torch_fused_s"] is None
+    assert all("out of memory in the output check" in why for why in big["skipped"].values())
+    assert "24.00 GiB" in bench.markdown([small, big])
+    monkeypatch.setattr(bench, "check_outputs", real_check)
+    monkeypatch.setattr(bench, "memory_budget", lambda device: 10_000)  # 10 kB free: nothing fits
+    row = bench.main(args)["rows"][0]
+    assert row["course_s"] is None and row["max_abs_diff"] < 1e-4  # checked on one sequence, not timed
+    assert all(why.startswith("estimated peak") for why in row["skipped"].values())
+
+
+def test_flash_benchmark_reference_head_by_head_equals_all_heads_at_once():
+    bench = _bench("bench_flash")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 40, 16, generator=g, dtype=torch.bfloat16) for _ in range(3))  # (B, H, T, D)
+    for causal in (False, True):
+        with torch.no_grad(), sdpa_backend("math"):
+            all_heads = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+        assert torch.equal(bench.reference(q, k, v, causal), all_heads)

@@ -437,3 +437,56 @@ def test_decode_arguments_are_checked(kwargs, words):
         assert w in str(err.value)
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(MODEL, ids(1, 3, SRC_V, 0), BOS, EOS, 5, beam_size=0)
+
+
+# --- dropout: where it fires in train mode, and that eval mode has none --------------------------
+
+# calls of each nn.Dropout per forward, by the module that owns it: one after the positions, one on the
+# feed-forward's hidden units, and the layer's own after every sub-layer (2 in an encoder layer, 3 in a
+# decoder layer). MultiHeadAttention's module only holds p: the weights are dropped inside the attention.
+DROPOUT_CALLS = {"PositionalEncoding": 1, "FeedForward": 1, "EncoderLayer": 2, "DecoderLayer": 3,
+                 "MultiHeadAttention": 0}
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_dropout_fires_where_the_model_defines_it_in_train_mode_only(norm_first):
+    p = 0.5
+    model = make_model(dropout=p, norm_first=norm_first)
+    seen = []  # (module name, fraction zeroed, kept values scaled by 1 / (1 - p), output == input)
+
+    def record(name):
+        def hook(module, inputs, output):
+            x, kept = inputs[0], output != 0
+            seen.append((name, 1 - kept.float().mean().item(),
+                         torch.allclose(output[kept], x[kept] / (1 - p)), torch.equal(output, x)))
+        return hook
+
+    expected = {}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Dropout):
+            m.register_forward_hook(record(name))
+            owner = type(model.get_submodule(name.rsplit(".", 1)[0])).__name__
+            if DROPOUT_CALLS[owner]:
+                expected[name] = DROPOUT_CALLS[owner]
+    assert len(expected) == 2 + 2 * 2 + 2 * 2  # 2 positions; each of 2 + 2 layers: its own and its feed-forward's
+
+    def calls():
+        return {name: [n for n, *_ in seen].count(name) for name, *_ in seen}
+
+    src, tgt = ids(2, 7, SRC_V, seed=1), ids(2, 5, TGT_V, seed=2)
+    model.train()
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        first, second = model(src, tgt), model(src, tgt)
+    assert calls() == {name: 2 * n for name, n in expected.items()}  # two forwards
+    assert all(0 < zeroed < 1 and ok for _, zeroed, ok, _ in seen)  # some zeroed, the rest scaled by 2
+    assert not torch.allclose(first, second)  # a fresh mask every forward
+    rows = model.encoder.layers[0].attn_weights.sum(-1)  # (B, H, T): the attention weights are dropped too
+    assert not torch.allclose(rows, torch.ones_like(rows))
+    seen.clear()
+    model.eval()
+    assert torch.equal(model(src, tgt), model(src, tgt))
+    assert calls() == {name: 2 * n for name, n in expected.items()}
+    assert all(same for *_, same in seen)  # in eval mode every dropout passes its input through
+    rows = model.encoder.layers[0].attn_weights.sum(-1)
+    assert torch.allclose(rows, torch.ones_like(rows))
