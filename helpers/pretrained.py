@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import shape_str
+from helpers._validate import TOKEN_ID_DTYPES, shape_str
 from helpers.positional import LearnedPositionalEmbedding
 from helpers.transformer import EncoderLayer, TransformerConfig
 
@@ -293,7 +293,7 @@ class MiniLM(nn.Module):
         return (x, weights) if need_weights else x
 
     def _check(self, ids, mask) -> None:
-        if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32) or ids.dim() != 2:
+        if not isinstance(ids, torch.Tensor) or ids.dtype not in TOKEN_ID_DTYPES or ids.dim() != 2:
             got = f"{ids.dtype} {shape_str(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
             raise TypeError(f"ids must be an integer tensor of shape (B, L), got {got}")
         if ids.shape[1] > self.config.max_len:

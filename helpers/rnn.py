@@ -16,13 +16,13 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from helpers._validate import as_int, positive_int, positive_ints, require_tensor, shape_str
+from helpers._validate import TOKEN_ID_DTYPES, as_int, positive_int, positive_ints, require_tensor, shape_str
 from helpers.attention import AdditiveAttention
 
 
 def _require_ids(x, name: str, vocab_size: int) -> None:
     require_tensor(x, name)
-    if x.dtype not in (torch.int64, torch.int32):  # the ids nn.Embedding takes; int8, int16, uint8 crash in it
+    if x.dtype not in TOKEN_ID_DTYPES:  # the ids nn.Embedding takes; int8, int16, uint8 crash in it
         narrow = x.dtype != torch.bool and not x.is_floating_point() and not x.is_complex()
         raise TypeError(f"{name} must hold integer token ids of dtype torch.int64 (torch.long) or torch.int32, "
                         f"the ones nn.Embedding takes, got dtype {x.dtype}"

@@ -230,15 +230,16 @@ def _run_case(name, fn, reference_fn, case, cases, bugs, atol, rtol, adapt, stri
     if modified:
         raise _Stop(f"✗ {name}: on {case.name}: {modified}")
     expected = reference_fn(*clone(case.args), **clone(case.kwargs))
+    bug_atol, bug_rtol = bug_tolerance or (atol, rtol)
     if adapt is not None:
         got = adapt(got, expected)
-        if isinstance(got, str) and not isinstance(expected, str):
-            raise _Stop(f"✗ {name}: on {case.name}: {got}")
+        if isinstance(got, str) and not isinstance(expected, str):  # a known bug's message comes first
+            raise _Stop(f"✗ {name}: on {case.name}: "
+                        f"{_known_bug(fn, cases, bugs, bug_atol, bug_rtol, adapt) or got}")
     reason = _type_reason(got, expected) if strict_types else None
     if reason is None:
         reason = compare(got, expected, atol, rtol)
         if reason is not None:
-            bug_atol, bug_rtol = bug_tolerance or (atol, rtol)
             reason = _known_bug(fn, cases, bugs, bug_atol, bug_rtol, adapt) or reason
     if reason is None and validate is not None:
         reason = validate(got, case)
