@@ -271,3 +271,17 @@ def test_the_noise_pattern_finds_noise_and_spares_bounds():
     assert NOISE.findall("largest difference 1.1e-15") and NOISE.findall("diff 2.36e-16; 8.9e-21")
     for stable in ("below 1e-12: True", "ratio 2.76e+04", "median 3.9e-09", "eps 1e-12", "v1.1e-15x"):
         assert not NOISE.search(stable), stable
+
+
+@pytest.mark.parametrize("path", ALL, ids=rel)
+def test_going_deeper_sections_open_collapsed(path):
+    headings = [text(c).split("\n")[0] for c in cells(path) if c["cell_type"] == "markdown"
+                and text(c).startswith("## Going deeper") and not c["metadata"].get(nbtools.COLLAPSED)]
+    assert not headings, f"{rel(path)}: set metadata {nbtools.COLLAPSED!r}: true on {headings}"
+
+
+def test_normalise_keeps_the_collapsed_heading_and_drops_other_metadata():
+    cell = {"cell_type": "markdown", "id": "x", "source": "## Going deeper: more",
+            "metadata": {nbtools.COLLAPSED: True, "editable": False}}
+    out = nbtools.normalise({"cells": [cell], "metadata": {}}, nbtools.NOTEBOOKS / "03_x.ipynb")
+    assert out["cells"][0]["metadata"] == {nbtools.COLLAPSED: True}
