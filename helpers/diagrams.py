@@ -332,8 +332,14 @@ def multi_head_diagram(T, d_model, n_heads, B=1):
             continue
         box(ax, 6.45, y, 1.75, min(0.7, step * 0.8), f"head {h}: attend\n(B, T, D) = ({B}, {T}, {D})",
             role="weights", fontsize=SMALL)
-    for role, y in ys.items():
-        arrow(ax, (5.05, y), (5.45, y), role=role)
+    # every head reads its own slice of Q, K and V: each split fans out to every head
+    box_h = min(0.7, step * 0.8)
+    for k, h in enumerate(shown):
+        if h is None:
+            continue
+        y_head = top - step * (k + 0.5)
+        for offset, (role, y) in zip((0.22, 0.0, -0.22), ys.items(), strict=True):
+            arrow(ax, (5.05, y), (5.58, y_head + offset * box_h), role=role, lw=1.0, alpha=0.8)
     ax.text(6.45, 0.55, f"{H} heads in parallel, weights (B, H, T, T)", ha="center", fontsize=SMALL)
     arrow(ax, (7.45, 2.7), (7.8, 2.7))
     tensor(ax, 8.45, 2.7, 1.3, 0.95, "concat", f"(B, T, H D)\n= ({B}, {T}, {H * D})")
@@ -545,14 +551,15 @@ def encoder_decoder_diagram(config, S=None, T=None):
             y += 0.2 + h_layer
         return y
 
+    # Inside a layer the sub-layers run bottom-up, like the layers themselves: attention first.
     def encoder_layer(yc):
-        box(ax, xe, yc + 0.05, 2.8, 0.32, "self-attention (padding mask)", role="key", fontsize=SMALL)
-        box(ax, xe, yc - 0.35, 2.8, 0.28, f"feed-forward {C} -> {F} -> {C}", fontsize=SMALL)
+        box(ax, xe, yc - 0.35, 2.8, 0.32, "self-attention (padding mask)", role="key", fontsize=SMALL)
+        box(ax, xe, yc + 0.05, 2.8, 0.28, f"feed-forward {C} -> {F} -> {C}", fontsize=SMALL)
 
     def decoder_layer(yc):
-        box(ax, xd, yc + 0.25, 3.0, 0.26, "causal self-attention (causal & padding)", role="mask", fontsize=SMALL)
+        box(ax, xd, yc - 0.45, 3.0, 0.26, "causal self-attention (causal & padding)", role="mask", fontsize=SMALL)
         box(ax, xd, yc - 0.1, 3.0, 0.26, "cross-attention: Q here, K V = memory", role="query", fontsize=SMALL)
-        box(ax, xd, yc - 0.45, 3.0, 0.24, f"feed-forward {C} -> {F} -> {C}", fontsize=SMALL)
+        box(ax, xd, yc + 0.25, 3.0, 0.24, f"feed-forward {C} -> {F} -> {C}", fontsize=SMALL)
         arrow(ax, (xe + 1.6, mem_y), (xd - 1.5, yc - 0.1), role="value", lw=1.6, connectionstyle="arc3,rad=-0.15")
 
     y = column(xe, 3.2, f"source ids (B, {S_txt}), vocab {V_src}", S_txt, n_enc, "encoder", 1.3, encoder_layer)
