@@ -580,6 +580,71 @@ def encoder_decoder_diagram(config, S=None, T=None):
     return fig
 
 
+# --- 11: a pretrained sentence encoder ------------------------------------------------------------
+
+
+def minilm_diagram(config, tokens=None, vocab_size=None):
+    """all-MiniLM-L6-v2 as the course builds it: embeddings, Post-LN layers, mean pooling (lesson 11).
+
+    ``config`` is the model's TransformerConfig (``helpers.pretrained.minilm_config()``); ``tokens``
+    are the WordPiece pieces of one sentence, [CLS] and [SEP] included.
+    """
+    sz = _sizes(config, d_model=None, n_heads=None, d_ff=None, n_encoder_layers=None, src_vocab_size=vocab_size,
+                max_len=None)
+    C, H = sz["d_model"], sz["n_heads"]
+    D = _heads(C, H)
+    F = _positive_int("d_ff", sz["d_ff"])
+    n = _positive_int("n_encoder_layers", sz["n_encoder_layers"])
+    V, P = _positive_int("vocab_size", sz["src_vocab_size"]), _positive_int("max_len", sz["max_len"])
+    if tokens is None:
+        tokens = ["[CLS]", "a", "bank", "by", "the", "river", "[SEP]"]
+    tokens = _labels("tokens", tokens, len(tokens), "{}")
+    L = len(tokens)
+    fig, ax = canvas(10.0, 8.4, f"all-MiniLM-L6-v2 on the course's modules: {n} layers, H = {H} heads of "
+                     f"D = {D}, C = {C}, d_ff = {F}")
+    x, w = 3.6, 4.6
+    token_row(ax, tokens, x - w / 2, 0.45, w, role="other", fontsize=SMALL, max_w=0.62)
+    ax.text(x + w / 2 + 0.15, 0.45, f"WordPiece ids (B, L = {L})", va="center", fontsize=SMALL)
+    steps = [
+        (1.3, 0.55, f"word embedding ({V:,} x {C})\n+ learned position (max {P}) + token type", "position"),
+        (2.05, 0.4, "LayerNorm (eps 1e-12)", "other"),
+    ]
+    y_prev = 0.65
+    for y, h, text, role in steps:
+        arrow(ax, (x, y_prev), (x, y - h / 2))
+        box(ax, x, y, w, h, text, role=role, fontsize=SMALL)
+        y_prev = y + h / 2
+    # one encoder layer, drawn once, repeated n times (Post-LN: add, then normalise)
+    y0, y1 = 2.55, 5.35
+    box(ax, x, (y0 + y1) / 2, w + 0.3, y1 - y0, fill=False)
+    ax.text(x + w / 2 + 0.3, (y0 + y1) / 2, f"x {n} layers", va="center", fontsize=FONT + 1, weight="bold")
+    inner = [(2.95, f"multi-head self-attention: {H} heads of D = {D}\nkeys at pads masked (padding mask)",
+              "key", 0.5), (3.6, "add the input, then LayerNorm", "other", 0.34),
+             (4.25, f"feed-forward {C} -> {F} -> {C}, GELU", "other", 0.4),
+             (4.9, "add the input, then LayerNorm", "other", 0.34)]
+    arrow(ax, (x, y_prev), (x, y0))
+    y_prev = y0
+    for y, text, role, h in inner:
+        arrow(ax, (x, y_prev), (x, y - h / 2))
+        box(ax, x, y, w - 0.4, h, text, role=role, fontsize=SMALL)
+        y_prev = y + h / 2
+    outs = [(5.95, 0.5, f"hidden states (B, L = {L}, C = {C})", "other"),
+            (6.7, 0.5, "mean over the real tokens (the mask skips pads)", "mask"),
+            (7.45, 0.5, f"divide by its length: sentence vector (B, {C}), |v| = 1", "query")]
+    arrow(ax, (x, y_prev), (x, y1))
+    y_prev = y1
+    for y, h, text, role in outs:
+        arrow(ax, (x, y_prev), (x, y - h / 2))
+        box(ax, x, y, w, h, text, role=role, fontsize=SMALL)
+        y_prev = y + h / 2
+    notes = ["Unlike lesson 08's encoder:", "- learned positions, not sinusoids", "- a token-type embedding",
+             "- LayerNorm on the embeddings", "- no sqrt(C) scaling", "- GELU instead of ReLU",
+             "- no final LayerNorm", "- mean pooling, not [CLS]"]
+    for k, line in enumerate(notes):
+        ax.text(7.05, 7.6 - 0.34 * k, line, fontsize=SMALL, weight="bold" if k == 0 else "normal")
+    return fig
+
+
 # --- 09: the KV cache ---------------------------------------------------------------------------
 
 

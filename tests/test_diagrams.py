@@ -59,6 +59,11 @@ CASES = [
       "decoder layer 2", "every one of the 2 decoder"]),
     (diagrams.encoder_decoder_diagram, dict(config=_config(512, 8, 2048, 6, 4, False)),
      ["C = 512", "6 + 4 layers", "Post-LN", "encoder layer 6", "decoder layer 4", "2048"]),
+    (diagrams.minilm_diagram, dict(config=_config(384, 12, 1536, 6, 1, False), vocab_size=30522),
+     ["6 layers", "12 heads of D = 32", "C = 384", "384 -> 1536 -> 384", "30,522 x 384", "max 64", "x 6 layers",
+      "(B, 384)", "L = 7", "[CLS]"]),
+    (diagrams.minilm_diagram, dict(config=_config(64, 4, 96, 2, 1, False), tokens=["[CLS]", "hi", "[SEP]"]),
+     ["2 layers", "4 heads of D = 16", "(37 x 64)", "64 -> 96 -> 64", "L = 3", "(B, 64)", "hi"]),
     (diagrams.kv_cache_diagram, dict(n_steps=4, d_model=64, n_heads=4, n_layers=2),
      ["H = 4 heads of D = 16", "(1, 4, 5, 16)", "k4", "128 numbers", "256 for all 2"]),
     (diagrams.kv_cache_diagram, dict(n_steps=2, d_model=24, n_heads=3, prompt_len=6),
@@ -107,6 +112,7 @@ def test_rope_panel_dot_products_are_equal():
     (lambda: diagrams.pre_post_ln_diagram(d_model=32, n_heads=4), "d_ff is missing"),
     (lambda: diagrams.kv_cache_diagram(6, 64, 4, prompt_len=8), "do not fit"),
     (lambda: diagrams.rnn_vs_attention_path_diagram(3, tokens=["a"]), "tokens has 1 entries"),
+    (lambda: diagrams.minilm_diagram(None), "d_model is missing"),
 ])
 def test_bad_sizes_get_clear_errors(call, message):
     with pytest.raises(ValueError, match=None) as info:
