@@ -302,6 +302,47 @@ def qkv_diagram(T, C, D, query_index=None, S=None):
     return fig
 
 
+# --- 03: scaling and the softmax's gradient ------------------------------------------------------
+
+
+def softmax_gradient_diagram(d_k, S=8, seed=0):
+    """Scores -> softmax -> Jacobian for one random query and S keys, unscaled and scaled by sqrt(d_k) (lesson 03).
+
+    The query and keys have d_k independent standard-normal components, drawn from numpy's generator
+    ``seed``: unscaled scores have standard deviation sqrt(d_k), scaled ones 1.
+    """
+    d_k, S = _positive_int("d_k", d_k), _positive_int("S", S, 64)
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal(d_k), rng.standard_normal((S, d_k))
+    scores = k @ q  # (S,)
+    fig, ax = canvas(11.0, 5.4, f"from scores to softmax to gradient: one query, S = {S} keys, d_k = {d_k}")
+    rows = [("unscaled", scores, f"scores s = q.k\nstd sqrt(d_k) = {np.sqrt(d_k):.3g}", 3.55),
+            ("scaled", scores / np.sqrt(d_k), f"scores s / sqrt(d_k)\nstd 1", 1.35)]
+    for name, row, label, y in rows:
+        p = np.exp(row - row.max())
+        p /= p.sum()  # (S,)
+        jac = np.diag(p) - np.outer(p, p)  # (S, S): dp_i / ds_j
+        ax.text(0.15, y + 0.95, name, fontsize=FONT + 1, weight="bold")
+        box(ax, 1.35, y, 2.1, 0.9, label, role="query", fontsize=SMALL)
+        arrow(ax, (2.45, y), (3.2, y), text="softmax")
+        inset = ax.inset_axes((3.35, y - 0.75, 2.6, 1.5), transform=ax.transData)
+        inset.bar(np.arange(S), p, color=ROLE_COLORS["weights"])
+        inset.set_ylim(0, 1)
+        inset.set_xticks(range(S))
+        inset.tick_params(labelsize=7)
+        inset.set_xlabel("key", fontsize=7, labelpad=1)
+        inset.set_ylabel("p", fontsize=7, labelpad=1)
+        inset.set_title(f"p: largest {p.max():.2f}", fontsize=SMALL)
+        arrow(ax, (6.1, y), (6.85, y), text="d p / d s")
+        norm = np.linalg.norm(jac)
+        shown = "< 1e-6" if norm < 1e-6 else f"= {norm:.2g}"
+        box(ax, 8.75, y, 3.6, 0.9, f"J = diag(p) - p p^T\n||J||_F {shown}: how much of a gradient\n"
+            "on p can reach the scores", role="mask" if p.max() > 0.99 else "weights", fontsize=SMALL)
+    ax.text(0.15, 0.2, "A one-hot p gives J = 0: that row passes no gradient back to its scores, whatever the loss.",
+            fontsize=FONT)
+    return fig
+
+
 # --- 04: multi-head attention -------------------------------------------------------------------
 
 

@@ -38,6 +38,10 @@ CASES = [
                                                   "sqrt(4) = 2", "Q[8]"]),
     (diagrams.qkv_diagram, dict(T=5, C=32, D=16, query_index=2, S=7),
      ["(T, D) = (5, 16)", "(S, D) = (7, 16)", "(S,) = (7,)", "sqrt(16) = 4", "Q[2]"]),
+    (diagrams.softmax_gradient_diagram, dict(d_k=1024), ["S = 8 keys", "d_k = 1024", "std sqrt(d_k) = 32",
+                                                         "largest 1.00", "< 1e-6", "std 1"]),
+    (diagrams.softmax_gradient_diagram, dict(d_k=4, S=5, seed=3), ["S = 5 keys", "d_k = 4", "sqrt(d_k) = 2",
+                                                                     "||J||_F = "]),
     (diagrams.multi_head_diagram, dict(T=8, d_model=32, n_heads=2), ["(1, 2, 8, 16)", "(32, 32)", "head 1",
                                                                      "D = C / H = 16"]),
     (diagrams.multi_head_diagram, dict(T=6, d_model=48, n_heads=8, B=3),
@@ -113,6 +117,7 @@ def test_rope_panel_dot_products_are_equal():
     (lambda: diagrams.kv_cache_diagram(6, 64, 4, prompt_len=8), "do not fit"),
     (lambda: diagrams.rnn_vs_attention_path_diagram(3, tokens=["a"]), "tokens has 1 entries"),
     (lambda: diagrams.minilm_diagram(None), "d_model is missing"),
+    (lambda: diagrams.softmax_gradient_diagram(0), "d_k must be a positive integer"),
 ])
 def test_bad_sizes_get_clear_errors(call, message):
     with pytest.raises(ValueError, match=None) as info:
