@@ -27,9 +27,10 @@ import numpy as np
 
 from helpers.plot import ROLE_COLORS, mask_cmap
 
-__all__ = ["seq2seq_diagram", "rnn_vs_attention_path_diagram", "qkv_diagram", "multi_head_diagram",
-           "mask_diagram", "positional_rotation_diagram", "pre_post_ln_diagram", "encoder_decoder_diagram",
-           "kv_cache_diagram", "box", "arrow", "token_row", "tensor", "legend", "canvas"]
+__all__ = ["seq2seq_diagram", "rnn_vs_attention_path_diagram", "qkv_diagram", "softmax_gradient_diagram",
+           "multi_head_diagram", "mask_diagram", "positional_rotation_diagram", "pre_post_ln_diagram",
+           "encoder_decoder_diagram", "kv_cache_diagram", "minilm_diagram",
+           "box", "arrow", "token_row", "tensor", "legend", "canvas"]
 
 FONT = 10  # points; at 100 dpi every label stays readable at 100 % zoom
 SMALL = 9
@@ -167,12 +168,15 @@ def legend(ax, x, y, roles, fontsize=SMALL):
 # --- 01: encoder-decoder with and without attention --------------------------------------------
 
 
-def seq2seq_diagram(source, target, weights=None, hidden_size=None):
+def seq2seq_diagram(source, target, weights=None, hidden_size=None, values="states"):
     """RNN encoder-decoder: one fixed context vector vs a new context per step from attention (lesson 01).
 
     ``source`` and ``target`` are token sequences (or lengths S and T); ``weights`` (T, S), if
-    given, sets the darkness of each line from encoder state j to decoder step i.
+    given, sets the darkness of each line from encoder state j to decoder step i. ``values`` says
+    what the weights sum: "states" h_j (Bahdanau et al. 2015) or "embeddings" e(x_j) (lesson 01's model).
     """
+    if values not in ("states", "embeddings"):
+        raise ValueError(f"values must be 'states' or 'embeddings', got {values!r}")
     src = _labels("source", range(source), source, "{}") if isinstance(source, int) else [str(t) for t in source]
     tgt = _labels("target", range(target), target, "{}") if isinstance(target, int) else [str(t) for t in target]
     S, T = _positive_int("len(source)", len(src), 40), _positive_int("len(target)", len(tgt), 40)
@@ -217,8 +221,9 @@ def seq2seq_diagram(source, target, weights=None, hidden_size=None):
                         ax.plot([xj, xi], [y0 + 1.93, y0 + 2.76], color="#222222",
                                 lw=0.4 + 2.0 * w[i, j] / top, alpha=0.15 + 0.85 * w[i, j] / top)
             what = "weights given" if weights is not None else "uniform weights (none given)"
+            read = "c_i = sum_j a_ij h_j" if values == "states" else "c_i = sum_j a_ij e(x_j), the source embeddings"
             ax.text(x0, y0 + 0.55, f"step i scores all {S} encoder states h_j and reads its own context "
-                    f"c_i = sum_j a_ij h_j;\nline darkness and width = a_ij ({what})", fontsize=FONT, va="center")
+                    f"{read};\nline darkness and width = a_ij ({what})", fontsize=FONT, va="center")
 
     ax.text(0.15, 7.95, "without attention (Cho et al. 2014)", fontsize=FONT + 1, weight="bold")
     half(4.0, attention=False)

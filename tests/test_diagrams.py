@@ -31,7 +31,9 @@ CASES = [
     (diagrams.seq2seq_diagram, dict(source=list("4830"), target=list("0384"), weights=np.eye(4)[::-1],
                                     hidden_size=32),
      ["S = 4", "T = 4", "h3", "32 numbers", "weights given"]),
-    (diagrams.seq2seq_diagram, dict(source=7, target=5), ["S = 7", "T = 5", "h6", "s4", "none given"]),
+    (diagrams.seq2seq_diagram, dict(source=7, target=5), ["S = 7", "T = 5", "h6", "s4", "none given",
+                                                           "c_i = sum_j a_ij h_j"]),
+    (diagrams.seq2seq_diagram, dict(source=3, target=3, values="embeddings"), ["S = 3", "sum_j a_ij e(x_j)"]),
     (diagrams.rnn_vs_attention_path_diagram, dict(T=9), ["T = 9", "h8", "through 8 recurrent", "(9, 9)"]),
     (diagrams.rnn_vs_attention_path_diagram, dict(T=5, tokens=list("abcde")), ["T = 5", "(5, 5)", "e"]),
     (diagrams.qkv_diagram, dict(T=9, C=12, D=4), ["(T, C) = (9, 12)", "(C, D) = (12, 4)", "(D,) = (4,)",
@@ -90,7 +92,7 @@ def test_diagram_draws_and_labels_its_sizes(fn, kwargs, expected):
 
 def test_every_diagram_is_tested_at_two_sizes():
     names = [n for n in diagrams.__all__ if n.endswith("_diagram")]
-    assert len(names) == 9
+    assert len(names) == 11
     counts = {n: sum(fn.__name__ == n for fn, _, _ in CASES) for n in names}
     assert all(c >= 2 for c in counts.values()), counts
 
