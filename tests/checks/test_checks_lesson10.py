@@ -179,6 +179,9 @@ def test_skipped_blocks(accepts, rejects):
     accepts(check_skipped_blocks, skipped_blocks,
             "✓ skipped_blocks: right on all 8 cases; at T=8192 with 128x64 tiles a causal kernel skips 4032 of "
             "8192 tiles")
+    def by_key_blocks(T, block_q, block_k):  # the other way round: per key block, the query blocks before it
+        return sum(sum(1 for i0 in range(0, T, block_q) if min(i0 + block_q, T) <= j0) for j0 in range(0, T, block_k))
+    accepts(check_skipped_blocks, by_key_blocks)
     rejects(check_skipped_blocks, lambda T, bq, bk: None, "not implemented yet")
     rejects(check_skipped_blocks, lambda T, bq, bk: torch.tensor(skipped_blocks(T, bq, bk)),
             "return an int, got Tensor")
@@ -214,6 +217,25 @@ def test_causal_flash_attention(accepts, rejects):
     def with_lse(q, k, v, bq, bk):  # (out, lse), as tiled_attention returns
         return causal_flash_attention(q, k, v, bq, bk), torch.zeros(q.shape[:-1], dtype=q.dtype)
     accepts(check_causal_flash_attention, with_lse, line)
+
+    def causal_by_fold(q, k, v, block_q, block_k):  # written another way: einsum, a clamped sum, a where mask
+        T, D = q.shape[-2], q.shape[-1]
+        blocks = []
+        for i0 in range(0, T, block_q):
+            i1 = min(i0 + block_q, T)
+            m = q.new_full((*q.shape[:2], i1 - i0, 1), -math.inf)
+            total, acc = torch.zeros_like(m), q.new_zeros(*q.shape[:2], i1 - i0, D)
+            for j0 in range(0, i1, block_k):
+                j1 = min(j0 + block_k, T)
+                s = torch.einsum("bhqd,bhkd->bhqk", q[:, :, i0:i1], k[:, :, j0:j1]) * D ** -0.5
+                s = torch.where(torch.arange(j0, j1) <= torch.arange(i0, i1)[:, None], s, -math.inf)
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+                total = total * (m - m_new).exp() + (s - m_new).exp().sum(-1, keepdim=True)
+                acc = acc * (m - m_new).exp() + (s - m_new).exp() @ v[:, :, j0:j1]
+                m = m_new
+            blocks.append(acc / total.clamp_min(1e-30))
+        return torch.cat(blocks, dim=2)
+    accepts(check_causal_flash_attention, causal_by_fold, line)
     rejects(check_causal_flash_attention,
             lambda q, k, v, bq, bk: F.scaled_dot_product_attention(q, k, v, is_causal=True),
             "compute the tiles yourself with @: F.scaled_dot_product_attention does not show the tiling")
