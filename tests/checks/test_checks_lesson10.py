@@ -182,6 +182,8 @@ def test_skipped_blocks(accepts, rejects):
     def by_key_blocks(T, block_q, block_k):  # the other way round: per key block, the query blocks before it
         return sum(sum(1 for i0 in range(0, T, block_q) if min(i0 + block_q, T) <= j0) for j0 in range(0, T, block_k))
     accepts(check_skipped_blocks, by_key_blocks)
+    for odd in ((), ["a", "b"], "42", torch.tensor(1.0, dtype=torch.bfloat16), 4.5):
+        rejects(check_skipped_blocks, lambda T, bq, bk, odd=odd: odd, "✗ skipped_blocks: on ")
     rejects(check_skipped_blocks, lambda T, bq, bk: None, "not implemented yet")
     rejects(check_skipped_blocks, lambda T, bq, bk: torch.tensor(skipped_blocks(T, bq, bk)),
             "return an int, got Tensor")
@@ -369,6 +371,8 @@ def test_flash_dv(accepts, rejects):
         return d_v
     rejects(check_flash_dv, zeroes_d_out_in_place, "modified its input (argument 3) in place")
     rejects(check_flash_dv, lambda q, k, d_out, lse, bq, bk: flash_dv(q, k, d_out, lse, bq, bk).tolist(), "got list")
+    for odd in ((), ["a", "b"], "42", torch.tensor(1.0, dtype=torch.bfloat16), torch.empty(3, device="meta")):
+        rejects(check_flash_dv, lambda *args, odd=odd: odd, "✗ flash_dv: on ")
     rejects(check_flash_dv, lambda q, k, d_out, lse, bq, bk: flash_dv(q, k, d_out, lse, bq, bk).float(),
             "return dtype torch.float64, got torch.float32")
 
