@@ -1,6 +1,7 @@
-"""Lesson 10's FlashAttention forward as a Triton kernel, in its own module (lesson 10).
+"""Lesson 10's FlashAttention forward, and its backward, as Triton kernels, in their own module (lesson 10).
 
-Imported only by ``helpers.flash.triton_flash_attention``, so that importing ``helpers.flash`` never
+Imported only by ``helpers.flash.triton_flash_attention`` and ``triton_flash_attention_backward``, so
+that importing ``helpers.flash`` never
 needs Triton. The kernel sits at module level, where ``tl`` is a global: the Triton that
 torch 2.5 brings (3.1) reads the names a kernel uses from its module's globals, and rejects a
 kernel defined inside a function.
@@ -45,3 +46,85 @@ def flash_forward_kernel(Q, K, V, O, T, S, qk_scale, BLOCK_Q: tl.constexpr, BLOC
         m = m_new
     tl.store(O + i[:, None] * D + d[None, :], (acc / l_sum[:, None]).to(O.dtype.element_ty),
              mask=i[:, None] < T)
+
+
+# --- the backward (FlashAttention-2, Dao 2023, Algorithm 2) as two kernels: a dK/dV pass and a dQ pass ---
+# Each recomputes its tiles of weights from the saved log-sum-exp LSE (natural log, float32) and uses
+# DELTA = rowsum(dO * O); no (T, S) matrix is stored. The dK/dV pass owns a block of keys and walks over
+# the query blocks; the dQ pass owns a block of queries and walks over the key blocks, so that no two
+# programs write the same rows and no atomic additions are needed.
+
+@triton.jit
+def flash_backward_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, T, S, scale, BLOCK_Q: tl.constexpr,
+                               BLOCK_K: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr):
+    j = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)  # the key rows of this program
+    d = tl.arange(0, D)
+    head = tl.program_id(1)
+    Q += head * T * D
+    DO += head * T * D
+    K += head * S * D
+    V += head * S * D
+    DK += head * S * D
+    DV += head * S * D
+    LSE += head * T
+    DELTA += head * T
+    k = tl.load(K + j[:, None] * D + d[None, :], mask=j[:, None] < S, other=0.0)  # (BLOCK_K, D)
+    v = tl.load(V + j[:, None] * D + d[None, :], mask=j[:, None] < S, other=0.0)  # (BLOCK_K, D)
+    dk = tl.zeros([BLOCK_K, D], tl.float32)
+    dv = tl.zeros([BLOCK_K, D], tl.float32)
+    start = 0
+    if CAUSAL:  # query blocks that end before the first key of this block never see it
+        start = (tl.program_id(0) * BLOCK_K) // BLOCK_Q * BLOCK_Q
+    for i0 in range(start, T, BLOCK_Q):
+        i = i0 + tl.arange(0, BLOCK_Q)  # the query rows of this tile
+        q = tl.load(Q + i[:, None] * D + d[None, :], mask=i[:, None] < T, other=0.0)  # (BLOCK_Q, D)
+        do = tl.load(DO + i[:, None] * D + d[None, :], mask=i[:, None] < T, other=0.0)  # (BLOCK_Q, D)
+        lse = tl.load(LSE + i, mask=i < T, other=0.0)  # (BLOCK_Q,)
+        delta = tl.load(DELTA + i, mask=i < T, other=0.0)  # (BLOCK_Q,)
+        s = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_Q, BLOCK_K) scaled scores
+        keep = (i[:, None] < T) & (j[None, :] < S)
+        if CAUSAL:
+            keep = keep & (j[None, :] <= i[:, None])
+        p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)  # the forward's weights, recomputed
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do)  # dV_j += P^T dO_i
+        dp = tl.dot(do, tl.trans(v))  # (BLOCK_Q, BLOCK_K)
+        ds = p * (dp - delta[:, None])  # dS = P * (dP - D_i)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q)  # dK_j += dS^T Q_i (times scale below)
+    tl.store(DK + j[:, None] * D + d[None, :], (dk * scale).to(DK.dtype.element_ty), mask=j[:, None] < S)
+    tl.store(DV + j[:, None] * D + d[None, :], dv.to(DV.dtype.element_ty), mask=j[:, None] < S)
+
+
+@triton.jit
+def flash_backward_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, T, S, scale, BLOCK_Q: tl.constexpr,
+                             BLOCK_K: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr):
+    i = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # the query rows of this program
+    d = tl.arange(0, D)
+    head = tl.program_id(1)
+    Q += head * T * D
+    DO += head * T * D
+    DQ += head * T * D
+    K += head * S * D
+    V += head * S * D
+    LSE += head * T
+    DELTA += head * T
+    q = tl.load(Q + i[:, None] * D + d[None, :], mask=i[:, None] < T, other=0.0)  # (BLOCK_Q, D)
+    do = tl.load(DO + i[:, None] * D + d[None, :], mask=i[:, None] < T, other=0.0)  # (BLOCK_Q, D)
+    lse = tl.load(LSE + i, mask=i < T, other=0.0)  # (BLOCK_Q,)
+    delta = tl.load(DELTA + i, mask=i < T, other=0.0)  # (BLOCK_Q,)
+    dq = tl.zeros([BLOCK_Q, D], tl.float32)
+    end = S
+    if CAUSAL:  # key blocks that start after the last query of this block are never seen
+        end = tl.minimum((tl.program_id(0) + 1) * BLOCK_Q, S)
+    for j0 in range(0, end, BLOCK_K):
+        j = j0 + tl.arange(0, BLOCK_K)
+        k = tl.load(K + j[:, None] * D + d[None, :], mask=j[:, None] < S, other=0.0)  # (BLOCK_K, D)
+        v = tl.load(V + j[:, None] * D + d[None, :], mask=j[:, None] < S, other=0.0)  # (BLOCK_K, D)
+        s = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_Q, BLOCK_K)
+        keep = (i[:, None] < T) & (j[None, :] < S)
+        if CAUSAL:
+            keep = keep & (j[None, :] <= i[:, None])
+        p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k)  # dQ_i += dS K_j (times scale below)
+    tl.store(DQ + i[:, None] * D + d[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=i[:, None] < T)

@@ -194,16 +194,16 @@ def flash_attention(q, k, v, mask=None, block_q: int = 64, block_k: int = 64) ->
     return FlashAttentionFunction.apply(q, k, v, mask, block_q, block_k)
 
 
-# --- the same forward as a Triton kernel (lesson 10, section 5) ------------------------------------
+# --- the same forward, and the backward, as Triton kernels (lesson 10, section 5) --------------------
 
 LOG2_E = 1.4426950408889634  # exp(x) = 2 ** (x * log2(e)); GPUs compute 2 ** x in one instruction
 
 
-def _triton_kernel():
-    """The kernel of helpers._flash_triton, imported on first use: importing helpers.flash never needs Triton."""
-    from helpers._flash_triton import flash_forward_kernel
+def _triton_kernel(name: str = "flash_forward_kernel"):
+    """A kernel of helpers._flash_triton, imported on first use: importing helpers.flash never needs Triton."""
+    import helpers._flash_triton as kernels
 
-    return flash_forward_kernel
+    return getattr(kernels, name)
 
 
 def triton_block_sizes(device=None) -> tuple[int, int, int]:
@@ -220,22 +220,14 @@ def triton_block_sizes(device=None) -> tuple[int, int, int]:
     return 64, 32, 4
 
 
-def triton_flash_attention(q, k, v, causal: bool = False, block_q: int | None = None, block_k: int | None = None,
-                           num_warps: int | None = None) -> torch.Tensor:
-    """The forward of flash_attention as a Triton kernel, no mask or causal (lesson 10).
-
-    q (B, H, T, D), k and v (B, H, S, D) on a CUDA GPU, in fp16/bf16 (fp32 works too); D a power
-    of two >= 16; block sizes and warps default to ``triton_block_sizes(q.device)``. On CPU
-    tensors it runs only in Triton's interpreter (TRITON_INTERPRET=1 set before Triton is first
-    imported), whose tl.dot is wrong for bf16 in Triton 3.9: use fp16 or fp32 there.
-    """
+def _triton_setup(q, k, v, causal, block_q, block_k, num_warps) -> tuple[int, int, int]:
+    """Check what the Triton kernels can do; return (block_q, block_k, num_warps) with the defaults filled in."""
     default_q, default_k, default_warps = triton_block_sizes(q.device if isinstance(q, torch.Tensor) else None)
     block_q = default_q if block_q is None else block_q
     block_k = default_k if block_k is None else block_k
     num_warps = default_warps if num_warps is None else num_warps
     block_q, block_k = _check_inputs(q, k, v, None, block_q, block_k)
-    B, H, T, D = q.shape
-    S = k.shape[2]
+    T, D, S = q.shape[2], q.shape[3], k.shape[2]
     if v.shape[-1] != D:
         raise ValueError(f"the Triton kernel needs v as wide as q: q is {shape_str(q.shape)}, v {shape_str(v.shape)}")
     if D < 16 or D & (D - 1):
@@ -248,11 +240,52 @@ def triton_flash_attention(q, k, v, causal: bool = False, block_q: int | None = 
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"Triton kernels run on CUDA tensors, got {q.device}; on the CPU set the environment "
                          "variable TRITON_INTERPRET=1 before Triton is imported to use its interpreter")
+    return block_q, block_k, positive_int(num_warps, "num_warps")
+
+
+def triton_flash_attention(q, k, v, causal: bool = False, block_q: int | None = None, block_k: int | None = None,
+                           num_warps: int | None = None) -> torch.Tensor:
+    """The forward of flash_attention as a Triton kernel, no mask or causal (lesson 10).
+
+    q (B, H, T, D), k and v (B, H, S, D) on a CUDA GPU, in fp16/bf16 (fp32 works too); D a power
+    of two >= 16; block sizes and warps default to ``triton_block_sizes(q.device)``. On CPU
+    tensors it runs only in Triton's interpreter (TRITON_INTERPRET=1 set before Triton is first
+    imported), whose tl.dot is wrong for bf16 in Triton 3.9: use fp16 or fp32 there.
+    """
+    block_q, block_k, num_warps = _triton_setup(q, k, v, causal, block_q, block_k, num_warps)
     import triton
 
+    B, H, T, D = q.shape
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q)  # (B, H, T, D)
     grid = (triton.cdiv(T, block_q), B * H)  # one program per block of queries, per (batch, head)
-    _triton_kernel()[grid](q, k, v, out, T, S, LOG2_E / math.sqrt(D), BLOCK_Q=block_q, BLOCK_K=block_k,
+    _triton_kernel()[grid](q, k, v, out, T, k.shape[2], LOG2_E / math.sqrt(D), BLOCK_Q=block_q, BLOCK_K=block_k,
                            D=D, CAUSAL=bool(causal), num_warps=num_warps)
     return out
+
+
+def triton_flash_attention_backward(q, k, v, out, lse, grad_out, causal: bool = False, block_q: int | None = None,
+                                    block_k: int | None = None, num_warps: int | None = None):
+    """(dq, dk, dv) of attention as two Triton kernels, a dK/dV pass and a dQ pass (FlashAttention-2) (lesson 10).
+
+    The inputs of ``flash_attention_backward`` (lse as ``flash_attention_forward`` returns it), no
+    mask or causal; the same devices, dtypes and sizes as ``triton_flash_attention``. Its speed on
+    a GPU has not been measured yet.
+    """
+    block_q, block_k, num_warps = _triton_setup(q, k, v, causal, block_q, block_k, num_warps)
+    _check_saved(q, v, out, lse, grad_out)
+    import triton
+
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    q, k, v, grad_out = q.contiguous(), k.contiguous(), v.contiguous(), grad_out.contiguous()
+    lse = lse.float().contiguous()  # (B, H, T)
+    delta = (grad_out.float() * out.float()).sum(dim=-1).contiguous()  # (B, H, T): D_i = dO_i . O_i
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    sizes = dict(BLOCK_Q=block_q, BLOCK_K=block_k, D=D, CAUSAL=bool(causal), num_warps=num_warps)
+    scale = 1.0 / math.sqrt(D)
+    _triton_kernel("flash_backward_dkdv_kernel")[(triton.cdiv(S, block_k), B * H)](
+        q, k, v, grad_out, lse, delta, dk, dv, T, S, scale, **sizes)  # one program per block of keys
+    _triton_kernel("flash_backward_dq_kernel")[(triton.cdiv(T, block_q), B * H)](
+        q, k, v, grad_out, lse, delta, dq, T, S, scale, **sizes)  # one program per block of queries
+    return dq, dk, dv

@@ -21,6 +21,7 @@ from helpers.flash import (
     flash_attention_backward,
     flash_attention_forward,
     triton_flash_attention,
+    triton_flash_attention_backward,
 )
 from helpers.masks import causal_mask
 
@@ -320,12 +321,12 @@ def test_backward_peak_memory_grows_linearly_and_holds_no_score_matrix():
 
 
 
-# --- the Triton kernel: on a CUDA GPU, or in Triton's interpreter on CPU tensors ------------------
+# --- the Triton kernels: on a CUDA GPU, or in Triton's interpreter on CPU tensors ------------------
 
 TRITON_CASES = """
 import sys
 import torch, torch.nn.functional as F
-from helpers.flash import triton_flash_attention
+from helpers.flash import flash_attention_forward, triton_flash_attention, triton_flash_attention_backward
 device, dtypes = sys.argv[1], [getattr(torch, name) for name in sys.argv[2:]]
 g = torch.Generator().manual_seed(0)
 for dtype in dtypes:
@@ -337,6 +338,18 @@ for dtype in dtypes:
         tolerance = {torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}[dtype]
         error = (out.double() - expected).abs().max().item()
         assert error < tolerance, (dtype, causal, T, S, error)
+        d_out = torch.randn(2, 2, T, 32, generator=g, dtype=torch.float64).to(device, dtype)
+        leaves = [t.double().requires_grad_() for t in (q, k, v)]
+        expected = torch.autograd.grad(F.scaled_dot_product_attention(*leaves, is_causal=causal), leaves,
+                                       d_out.double())
+        mask = torch.ones(T, S, dtype=torch.bool, device=device).tril() if causal else None
+        out, lse = flash_attention_forward(q, k, v, mask=mask)  # the saved statistics, from any forward
+        grads = triton_flash_attention_backward(q, k, v, out, lse, d_out, causal=causal, block_q=32, block_k=16)
+        tolerance = {torch.float16: 8e-3, torch.bfloat16: 6e-2, torch.float32: 1e-5}[dtype]
+        for name, got, want in zip(("dq", "dk", "dv"), grads, expected, strict=True):
+            assert got.dtype == dtype and got.shape == want.shape, (name, got.dtype, got.shape)
+            error = (got.double() - want).abs().max().item()
+            assert error < tolerance, (dtype, causal, T, S, name, error)
         print(dtype, causal, T, S, f"{error:.1e}")
 """
 
@@ -379,6 +392,13 @@ def test_triton_wrapper_rejects_what_the_kernel_cannot_do(monkeypatch):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match=r"Triton kernels run on CUDA tensors, got cpu.*TRITON_INTERPRET=1"):
             triton_flash_attention(q, q, q)
+        with pytest.raises(ValueError, match=r"Triton kernels run on CUDA tensors, got cpu"):
+            triton_flash_attention_backward(q, q, q, q, q[..., 0], q)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # past the device rule: the saved tensors are checked too
+    with pytest.raises(ValueError, match=r"lse must have shape \(1, 1, 32\).*got \(1, 1, 32, 16\)"):
+        triton_flash_attention_backward(q, q, q, q, q, q)
+    with pytest.raises(ValueError, match=r"block_q must be a power of two >= 16.*got 8"):
+        triton_flash_attention_backward(q, q, q, q, q[..., 0], q, block_q=8)
 
 def test_the_lessons_triton_kernel_is_the_tested_one():
     """Lesson 10 writes the kernel that only a GPU runs; it must be the helper's kernel, comments aside."""
