@@ -81,11 +81,18 @@ def _online_variant(rescale=True, running_max=True, guard=True, final_where=Fals
 
 
 class _SlicesOfX(TorchFunctionMode):
-    """Count the entries of x read through views of at most ``chunk`` entries along the last dim."""
+    """Count the entries of x read through views of at most ``chunk`` entries along the last dim, cut from x itself.
+
+    Views cut from such a chunk (``part[..., None]``) are not counted again: only a second pass over x is.
+    """
 
     def __init__(self, x, chunk):
         super().__init__()
-        self.storage, self.chunk, self.read = x.untyped_storage().data_ptr(), chunk, 0
+        self.storage, self.numel, self.chunk, self.read = x.untyped_storage().data_ptr(), x.numel(), chunk, 0
+
+    def _whole_x(self, value):
+        return isinstance(value, torch.Tensor) and value.numel() == self.numel \
+            and value.untyped_storage().data_ptr() == self.storage
 
     def _count(self, out):
         if isinstance(out, (tuple, list)):
@@ -97,7 +104,8 @@ class _SlicesOfX(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self._count(out)
+        if any(self._whole_x(a) for a in args):
+            self._count(out)
         return out
 
 

@@ -145,7 +145,7 @@ def online_variant(x, chunk, rescale=True, running_max=True, guard=True, final_w
     return torch.where(total > 0, lse, torch.full_like(lse, float("-inf"))) if final_where else lse
 
 
-def test_online_logsumexp_names_the_likely_mistakes(rejects):
+def test_online_logsumexp_names_the_likely_mistakes(accepts, rejects):
     rejects(check_online_logsumexp, lambda x, c: online_variant(x, c, rescale=False),
             "the running sum is not rescaled when the maximum grows")
     rejects(check_online_logsumexp, lambda x, c: online_variant(x, c, running_max=False),
@@ -162,6 +162,18 @@ def test_online_logsumexp_names_the_likely_mistakes(rejects):
         total = sum(torch.exp(x[..., j0:j0 + chunk] - shift[..., None]).sum(-1) for j0 in range(0, x.shape[-1], chunk))
         return shift + torch.log(total)
     rejects(check_online_logsumexp, two_chunked_passes, "read the entries of x 2 times")
+
+    def views_of_each_chunk(x, chunk):  # one pass; a chunk's own views are no second reading of x
+        m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype)
+        total = torch.zeros(x.shape[:-1], dtype=x.dtype)
+        for part in torch.split(x, chunk, dim=-1):
+            column = part.unsqueeze(-1)[..., 0]  # (..., <= chunk), a view of the chunk
+            m_new = torch.maximum(m, column.amax(-1))
+            shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            total = total * torch.exp(m - shift) + torch.exp(part[..., :] - shift[..., None]).sum(-1)
+            m = m_new
+        return m + torch.log(total)
+    accepts(check_online_logsumexp, views_of_each_chunk)
 
 
 def test_online_logsumexp_never_lets_a_traceback_out(rejects):
