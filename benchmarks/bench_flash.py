@@ -1,14 +1,19 @@
-"""Lesson 10's FlashAttention forward (Triton kernel and PyTorch tiles) against SDPA's kernels, side by side.
+"""Lesson 10's FlashAttention forward or backward (Triton kernels and PyTorch tiles) against SDPA's, side by side.
 
 Contestants, each checked against SDPA's math kernel before it is timed: the Triton kernel of
 lesson 10 (helpers.flash.triton_flash_attention; CUDA only), the PyTorch tiled version
 (helpers.flash.flash_attention) and every fused SDPA kernel that runs here (flash, efficient,
 cudnn on CUDA; flash on CPU), selected explicitly with helpers.scale.sdpa_backend. No mask and
-causal. TFLOP/s count 4 B H T^2 D FLOPs for no mask and half of that for causal.
+causal. TFLOP/s count 4 B H T^2 D FLOPs for no mask and half of that for causal. With --backward, each
+contestant's backward alone is timed, from a forward run once before (autograd with retain_graph for the
+PyTorch tiles and SDPA; the Triton backward kernels from the saved out and lse), its gradients checked
+against SDPA's math kernel first; its TFLOP/s count 2.5 times the forward's FLOPs (five matrix products
+per tile where the forward has two).
 
     python benchmarks/bench_flash.py                  # CUDA: B=4, H=16, D=128, T = 1024 ... 8192, bf16
     python benchmarks/bench_flash.py --quick          # small sizes, seconds
     python benchmarks/bench_flash.py --sizes 8192 --masks none
+    python benchmarks/bench_flash.py --backward --quick  # the backward, written to results/flash_backward_*
 """
 
 from __future__ import annotations
@@ -30,7 +35,13 @@ from common import (
     time_side_by_side,
 )
 
-from helpers.flash import flash_attention, triton_block_sizes, triton_flash_attention
+from helpers.flash import (
+    flash_attention,
+    flash_attention_forward,
+    triton_block_sizes,
+    triton_flash_attention,
+    triton_flash_attention_backward,
+)
 from helpers.masks import causal_mask
 from helpers.scale import attention_flops, peak_tflops, sdpa_backend
 
@@ -86,6 +97,63 @@ def contestants(q, k, v, causal: bool, tiled_block: int, device) -> tuple[dict, 
     return fns, skipped
 
 
+def reference_grads(q, k, v, d_out, causal: bool) -> list[torch.Tensor]:
+    """(dq, dk, dv) of SDPA's math kernel in fp32, one head at a time, as ``reference`` computes the output."""
+    B, H = q.shape[:2]
+    grads = [torch.empty(x.shape, device=x.device, dtype=torch.float32) for x in (q, k, v)]
+    with sdpa_backend("math"):
+        for b in range(B):
+            for h in range(H):
+                one = [x[b:b + 1, h:h + 1].float().requires_grad_() for x in (q, k, v)]  # (1, 1, L, D) each
+                out = F.scaled_dot_product_attention(*one, is_causal=causal)
+                for grad, g in zip(grads, torch.autograd.grad(out, one, d_out[b:b + 1, h:h + 1].float()),
+                                   strict=True):
+                    grad[b:b + 1, h:h + 1] = g
+    return grads
+
+
+def backward_contestants(q, k, v, causal: bool, tiled_block: int, device) -> tuple[dict, dict]:
+    """({name: fn()} running one backward each, from a forward run once here; {name: reason} of the rest)."""
+    fns, skipped = {}, {}
+    mask = causal_mask(q.shape[2], device=device) if causal else None
+    d_out = torch.randn(q.shape, generator=torch.Generator(device=device).manual_seed(1), device=device,
+                        dtype=q.dtype)  # (B, H, T, D)
+
+    def backward_of(forward):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        out = forward(*leaves)  # the graph is kept: each call below runs the backward alone
+        return lambda: torch.autograd.grad(out, leaves, d_out, retain_graph=True)
+
+    fns["pytorch tiled (lesson 10)"] = backward_of(
+        lambda q, k, v: flash_attention(q, k, v, mask=mask, block_q=tiled_block, block_k=tiled_block))
+    for name in ("flash", "efficient", "cudnn"):
+        try:
+            with sdpa_backend(name):
+                fns[f"sdpa {name}"] = backward_of(lambda q, k, v: F.scaled_dot_product_attention(q, k, v,
+                                                                                                 is_causal=causal))
+        except (RuntimeError, ValueError) as err:  # a kernel this device or torch cannot run
+            skipped[f"sdpa {name}"] = str(err).split("\n")[0][:200]
+    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+        out, lse = flash_attention_forward(q, k, v, mask=mask, block_q=tiled_block, block_k=tiled_block)
+        fns["triton (lesson 10)"] = lambda: triton_flash_attention_backward(q, k, v, out, lse, d_out, causal=causal)
+    else:
+        skipped["triton (lesson 10)"] = "needs a CUDA GPU and Triton"
+    expected = reference_grads(q, k, v, d_out, causal)
+    tolerance = 1e-3 if q.dtype == torch.float32 else 5e-2  # relative to the largest gradient entry
+    for name, fn in list(fns.items()):
+        try:
+            error = max((g.float() - e).abs().max().item() / e.abs().max().item()
+                        for g, e in zip(fn(), expected, strict=True))
+        except (RuntimeError, ValueError) as err:
+            skipped[name] = str(err).split("\n")[0][:200]
+            del fns[name]
+            continue
+        if not error <= tolerance:
+            raise SystemExit(f"{name}: gradients differ from SDPA's math kernel by {error:.3g} of the largest "
+                             f"(tolerance {tolerance})")
+    return fns, skipped
+
+
 def run(args, device) -> list[dict]:
     dtype = torch.float32 if device.type == "cpu" else (
         torch.bfloat16 if dtype_supported(torch.bfloat16, device) else torch.float16)
@@ -97,9 +165,11 @@ def run(args, device) -> list[dict]:
                    for _ in range(3))  # (B, H, T, D) each
         for mask in args.masks:
             causal = mask == "causal"
-            fns, skipped = contestants(q, k, v, causal, args.tiled_block, device)
+            pick = backward_contestants if args.backward else contestants
+            fns, skipped = pick(q, k, v, causal, args.tiled_block, device)
             times = time_side_by_side(fns, device, repeats=args.repeats, warmup=args.warmup)
             flops = attention_flops(args.batch, args.heads, T, T, args.head_dim) / (2 if causal else 1)
+            flops *= 2.5 if args.backward else 1.0  # five matrix products per tile where the forward has two
             for name in fns:
                 seconds = times[name]["median_s"]
                 row = dict(T=T, mask=mask, dtype=str(dtype).removeprefix("torch."), contestant=name,
@@ -132,9 +202,10 @@ def targets(rows, device) -> dict | None:
 
 
 def markdown(rows, args, goals) -> str:
-    body = [f"B={args.batch}, H={args.heads}, D={args.head_dim}; PyTorch tiles {args.tiled_block} x "
+    body = [f"{'Backward alone' if args.backward else 'Forward'}. "
+            f"B={args.batch}, H={args.heads}, D={args.head_dim}; PyTorch tiles {args.tiled_block} x "
             f"{args.tiled_block}; Triton tiles (block_q, block_k, warps) = {args.triton_blocks}. TFLOP/s count "
-            "4 B H T^2 D FLOPs, half for causal.\n"]
+            f"{'10' if args.backward else '4'} B H T^2 D FLOPs, half for causal.\n"]
     table = [[r["T"], r["mask"], r.get("dtype", "-"), r["contestant"],
               fmt_ms(r.get("median_s")), f"{r['tflops']:.3g}" if "tflops" in r else "-",
               f"{r['fraction_of_peak']:.1%}" if "fraction_of_peak" in r else "-", r.get("skipped", "")]
@@ -153,6 +224,7 @@ def parse(argv):
     p.add_argument("--heads", type=int, default=None, help="H (default 16 on CUDA, 4 on CPU)")
     p.add_argument("--head-dim", type=int, default=None, help="D (default 128 on CUDA, 64 on CPU)")
     p.add_argument("--tiled-block", type=int, default=None, help="tiles of the PyTorch version (256 CUDA, 64 CPU)")
+    p.add_argument("--backward", action="store_true", help="time the backward alone (results: flash_backward_*)")
     add_repeat_args(p, "blocks per contestant (median)")
     return command_line(p, argv)
 
@@ -171,9 +243,10 @@ def main(argv=None) -> dict:
     args.triton_blocks = triton_block_sizes(device) if cuda else None
     env = announce("flash benchmark", device)
     rows = run(args, device)
-    goals = targets(rows, device)
-    payload = dict(benchmark="flash", environment=env, settings=vars(args), rows=rows, targets=goals)
-    save("flash", device, payload, markdown(rows, args, goals), args)
+    goals = None if args.backward else targets(rows, device)  # the lesson's targets are the forward's
+    name = "flash_backward" if args.backward else "flash"
+    payload = dict(benchmark=name, environment=env, settings=vars(args), rows=rows, targets=goals)
+    save(name, device, payload, markdown(rows, args, goals), args)
     return payload
 
 

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 
 from helpers.checks import (
     check_causal_flash_attention,
+    check_flash_dq_dk,
     check_flash_dv,
     check_online_logsumexp,
-    check_predict_skipped_tiles,
     check_skipped_blocks,
 )
 
@@ -72,7 +72,8 @@ def flash_dv(q, k, d_out, lse, block_q, block_k):
 
 def test_online_logsumexp(accepts, rejects):
     accepts(check_online_logsumexp, online_logsumexp,
-            "✓ online_logsumexp: matches torch.logsumexp on all 7 cases, -inf entries and an all -inf row included")
+            "✓ online_logsumexp: matches torch.logsumexp on all 8 cases, -inf entries, left padding and an all -inf "
+            "row included")
     rejects(check_online_logsumexp, lambda x, chunk: None, "not implemented yet")
 
     def divisible(x, chunk):  # only-divisible lengths: the last, shorter chunk is never read
@@ -127,10 +128,74 @@ def test_online_logsumexp(accepts, rejects):
     accepts(check_online_logsumexp, logsumexp_of_chunk_results)
 
 
+def online_variant(x, chunk, rescale=True, running_max=True, guard=True, final_where=False):
+    """Written apart from the check's own bugs: a running max and sum, one likely mistake switched on."""
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype)
+    total = torch.zeros(x.shape[:-1], dtype=x.dtype)
+    for j0 in range(0, x.shape[-1], chunk):
+        part = x[..., j0:j0 + chunk]
+        m_new = torch.maximum(m, part.amax(-1))
+        shift = m_new if running_max else part.amax(-1)
+        if guard:
+            shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+        old = total * torch.exp(m - shift) if rescale and running_max else total
+        total = old + torch.exp(part - shift[..., None]).sum(-1)
+        m = m_new
+    lse = m + torch.log(total)
+    return torch.where(total > 0, lse, torch.full_like(lse, float("-inf"))) if final_where else lse
+
+
+def test_online_logsumexp_names_the_likely_mistakes(accepts, rejects):
+    rejects(check_online_logsumexp, lambda x, c: online_variant(x, c, rescale=False),
+            "the running sum is not rescaled when the maximum grows")
+    rejects(check_online_logsumexp, lambda x, c: online_variant(x, c, running_max=False),
+            "shifted by its own maximum")
+    for final_where in (False, True):  # NaN, or NaN turned into -inf at the end: both wrong for left padding
+        rejects(check_online_logsumexp, lambda x, c, w=final_where: online_variant(x, c, guard=False, final_where=w),
+                "-inf - (-inf) = NaN in the shift")
+
+    def two_chunked_passes(x, chunk):  # the maximum chunk by chunk first, then the sum: no running sum
+        m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype)
+        for j0 in range(0, x.shape[-1], chunk):
+            m = torch.maximum(m, x[..., j0:j0 + chunk].amax(-1))
+        shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        total = sum(torch.exp(x[..., j0:j0 + chunk] - shift[..., None]).sum(-1) for j0 in range(0, x.shape[-1], chunk))
+        return shift + torch.log(total)
+    rejects(check_online_logsumexp, two_chunked_passes, "read the entries of x 2 times")
+
+    def views_of_each_chunk(x, chunk):  # one pass; a chunk's own views are no second reading of x
+        m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype)
+        total = torch.zeros(x.shape[:-1], dtype=x.dtype)
+        for part in torch.split(x, chunk, dim=-1):
+            column = part.unsqueeze(-1)[..., 0]  # (..., <= chunk), a view of the chunk
+            m_new = torch.maximum(m, column.amax(-1))
+            shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            total = total * torch.exp(m - shift) + torch.exp(part[..., :] - shift[..., None]).sum(-1)
+            m = m_new
+        return m + torch.log(total)
+    accepts(check_online_logsumexp, views_of_each_chunk)
+
+
+def test_online_logsumexp_never_lets_a_traceback_out(rejects):
+    for odd in ((), ["a", "b"], "42", torch.tensor(1.0, dtype=torch.bfloat16), torch.empty(3, device="meta")):
+        rejects(check_online_logsumexp, lambda x, chunk, odd=odd: odd, "✗ online_logsumexp: on ")
+
+    def fails_on_new_sizes(x, chunk):  # right on the cases, raises on the shape of the extra step
+        if tuple(x.shape) == (3, 10):
+            raise RuntimeError("no")
+        return online_logsumexp(x, chunk)
+    rejects(check_online_logsumexp, fails_on_new_sizes, "then your function raised RuntimeError: no")
+
+
 def test_skipped_blocks(accepts, rejects):
     accepts(check_skipped_blocks, skipped_blocks,
             "✓ skipped_blocks: right on all 8 cases; at T=8192 with 128x64 tiles a causal kernel skips 4032 of "
             "8192 tiles")
+    def by_key_blocks(T, block_q, block_k):  # the other way round: per key block, the query blocks before it
+        return sum(sum(1 for i0 in range(0, T, block_q) if min(i0 + block_q, T) <= j0) for j0 in range(0, T, block_k))
+    accepts(check_skipped_blocks, by_key_blocks)
+    for odd in ((), ["a", "b"], "42", torch.tensor(1.0, dtype=torch.bfloat16), 4.5):
+        rejects(check_skipped_blocks, lambda T, bq, bk, odd=odd: odd, "✗ skipped_blocks: on ")
     rejects(check_skipped_blocks, lambda T, bq, bk: None, "not implemented yet")
     rejects(check_skipped_blocks, lambda T, bq, bk: torch.tensor(skipped_blocks(T, bq, bk)),
             "return an int, got Tensor")
@@ -151,15 +216,6 @@ def test_skipped_blocks(accepts, rejects):
             "✗ skipped_blocks: on T=256")  # off by one: j0 >= i0 + bq is already in the future
 
 
-def test_predict_skipped_tiles(verdict):
-    assert not verdict(check_predict_skipped_tiles, None)[0]
-    ok, line = verdict(check_predict_skipped_tiles, 16 * 15 // 2)
-    assert ok and line.startswith("✓ predict_skipped_tiles: you predicted 120; the measured number")
-    assert not verdict(check_predict_skipped_tiles, 128)[0]  # "half of the 256 tiles": the diagonal ones are computed
-    assert not verdict(check_predict_skipped_tiles, 136)[0]  # diagonal tiles counted as skipped
-    assert not verdict(check_predict_skipped_tiles, "120")[0]  # not a number
-
-
 def only_divisible(q, k, v, bq, bk):  # the last, shorter query block is left at zero
     T = q.shape[-2] // bq * bq
     out = torch.zeros_like(q)
@@ -175,6 +231,25 @@ def test_causal_flash_attention(accepts, rejects):
     def with_lse(q, k, v, bq, bk):  # (out, lse), as tiled_attention returns
         return causal_flash_attention(q, k, v, bq, bk), torch.zeros(q.shape[:-1], dtype=q.dtype)
     accepts(check_causal_flash_attention, with_lse, line)
+
+    def causal_by_fold(q, k, v, block_q, block_k):  # written another way: einsum, a clamped sum, a where mask
+        T, D = q.shape[-2], q.shape[-1]
+        blocks = []
+        for i0 in range(0, T, block_q):
+            i1 = min(i0 + block_q, T)
+            m = q.new_full((*q.shape[:2], i1 - i0, 1), -math.inf)
+            total, acc = torch.zeros_like(m), q.new_zeros(*q.shape[:2], i1 - i0, D)
+            for j0 in range(0, i1, block_k):
+                j1 = min(j0 + block_k, T)
+                s = torch.einsum("bhqd,bhkd->bhqk", q[:, :, i0:i1], k[:, :, j0:j1]) * D ** -0.5
+                s = torch.where(torch.arange(j0, j1) <= torch.arange(i0, i1)[:, None], s, -math.inf)
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+                total = total * (m - m_new).exp() + (s - m_new).exp().sum(-1, keepdim=True)
+                acc = acc * (m - m_new).exp() + (s - m_new).exp() @ v[:, :, j0:j1]
+                m = m_new
+            blocks.append(acc / total.clamp_min(1e-30))
+        return torch.cat(blocks, dim=2)
+    accepts(check_causal_flash_attention, causal_by_fold, line)
     rejects(check_causal_flash_attention,
             lambda q, k, v, bq, bk: F.scaled_dot_product_attention(q, k, v, is_causal=True),
             "compute the tiles yourself with @: F.scaled_dot_product_attention does not show the tiling")
@@ -219,15 +294,60 @@ def test_causal_flash_attention(accepts, rejects):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     rejects(check_causal_flash_attention, strict_past, "values differ from the reference")
 
+    def strip_of_keys(q, k, v, bq, bk):  # skips the future, but holds all earlier keys of a block at once
+        T, out = q.shape[-2], torch.empty_like(q)
+        for i0 in range(0, T, bq):
+            i1 = min(i0 + bq, T)
+            s = q[:, :, i0:i1] @ k[:, :, :i1].transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, bq, i1)
+            s = s.masked_fill(torch.arange(i1)[None, :] > torch.arange(i0, i1)[:, None], float("-inf"))
+            out[:, :, i0:i1] = torch.softmax(s, dim=-1) @ v[:, :, :i1]
+        return out
+    rejects(check_causal_flash_attention, strip_of_keys, "at least one (32, S) strip of scores")
+
+    def accumulator_kept(q, k, v, bq, bk):  # the running sum is rescaled, the accumulator is not
+        T, D = q.shape[-2], q.shape[-1]
+        out = torch.empty_like(q)
+        for i0 in range(0, T, bq):
+            i1 = min(i0 + bq, T)
+            m = torch.full((*q.shape[:2], i1 - i0, 1), float("-inf"), dtype=q.dtype)
+            total, acc = torch.zeros_like(m), torch.zeros(*q.shape[:2], i1 - i0, D, dtype=q.dtype)
+            for j0 in range(0, i1, bk):
+                s = torch.einsum("bhqd,bhkd->bhqk", q[:, :, i0:i1], k[:, :, j0:j0 + bk]) / math.sqrt(D)
+                s = s.masked_fill(torch.arange(j0, min(j0 + bk, T))[None, :] > torch.arange(i0, i1)[:, None],
+                                  float("-inf"))
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+                p = torch.exp(s - m_new)
+                total = total * torch.exp(m - m_new) + p.sum(-1, keepdim=True)
+                acc += p @ v[:, :, j0:j0 + bk]
+                m = m_new
+            out[:, :, i0:i1] = acc / total
+        return out
+    rejects(check_causal_flash_attention, accumulator_kept, "the accumulator is not rescaled")
+    for odd in ((), [], "42", torch.tensor(1.0, dtype=torch.bfloat16)):
+        rejects(check_causal_flash_attention, lambda q, k, v, bq, bk, odd=odd: odd, "✗ causal_flash_attention: on ")
+    rejects(check_causal_flash_attention, lambda q, k, v, bq, bk: (), "returned an empty tuple")
+
     def view_of_q(q, k, v, bq, bk):  # assumes a contiguous layout of q
         return causal_flash_attention(q.view(q.shape), k, v, bq, bk).view(-1).view(q.shape)
     rejects(check_causal_flash_attention, view_of_q, "non-contiguous")
 
 
+def flash_dv_by_query_blocks(q, k, d_out, lse, block_q, block_k):
+    """The loops the other way round: query blocks outside, each tile's share added to its key block."""
+    d_v = torch.zeros(*k.shape[:3], d_out.shape[-1], dtype=q.dtype)
+    for i0 in range(0, q.shape[2], block_q):
+        q_i, lse_i, do_i = q[:, :, i0:i0 + block_q], lse[:, :, i0:i0 + block_q], d_out[:, :, i0:i0 + block_q]
+        for j0 in range(0, k.shape[2], block_k):
+            s = torch.einsum("bhtd,bhsd->bhts", q_i, k[:, :, j0:j0 + block_k]) / q.shape[-1] ** 0.5
+            d_v[:, :, j0:j0 + block_k] += torch.einsum("bhts,bhtd->bhsd", torch.exp(s - lse_i[..., None]), do_i)
+    return d_v
+
+
 def test_flash_dv(accepts, rejects):
     line = accepts(check_flash_dv, flash_dv)
-    assert line.startswith("✓ flash_dv: matches autograd on all 4 cases, and at T=S=512 it needed ")
-    assert line.endswith("% of the memory of one (T, S) matrix")
+    assert line.startswith("✓ flash_dv: matches autograd on all 4 cases, and at T=S=512 ")
+    assert line.endswith("it held less than one (block_q, S) strip of weights beyond dV")
+    accepts(check_flash_dv, lambda q, k, d_out, lse, bq, bk: flash_dv_by_query_blocks(q, k, d_out, lse, bq, bk))
     rejects(check_flash_dv, lambda *args: None, "not implemented yet")
 
     def unscaled(q, k, d_out, lse, bq, bk):
@@ -241,7 +361,16 @@ def test_flash_dv(accepts, rejects):
     def whole_matrix(q, k, d_out, lse, bq, bk):
         p = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) - lse[..., None])  # (B, H, T, S)
         return p.transpose(-2, -1) @ d_out
-    rejects(check_flash_dv, whole_matrix, "at least one whole (T, S) matrix")
+    rejects(check_flash_dv, whole_matrix, "at least one (32, S) strip of scores")
+
+    def strip_per_query_block(q, k, d_out, lse, bq, bk):  # tiles over queries only: all keys of a block at once
+        d_v = torch.zeros(*k.shape[:3], d_out.shape[-1], dtype=q.dtype)
+        for i0 in range(0, q.shape[2], bq):
+            s = q[:, :, i0:i0 + bq] @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, bq, S)
+            p = torch.exp(s - lse[:, :, i0:i0 + bq, None])
+            d_v += p.transpose(-2, -1) @ d_out[:, :, i0:i0 + bq]
+        return d_v
+    rejects(check_flash_dv, strip_per_query_block, "at least one (32, S) strip of scores")
 
     def only_whole_blocks(q, k, d_out, lse, bq, bk):
         T = q.shape[2] // bq * bq
@@ -254,5 +383,75 @@ def test_flash_dv(accepts, rejects):
         return d_v
     rejects(check_flash_dv, zeroes_d_out_in_place, "modified its input (argument 3) in place")
     rejects(check_flash_dv, lambda q, k, d_out, lse, bq, bk: flash_dv(q, k, d_out, lse, bq, bk).tolist(), "got list")
+    for odd in ((), ["a", "b"], "42", torch.tensor(1.0, dtype=torch.bfloat16), torch.empty(3, device="meta")):
+        rejects(check_flash_dv, lambda *args, odd=odd: odd, "✗ flash_dv: on ")
     rejects(check_flash_dv, lambda q, k, d_out, lse, bq, bk: flash_dv(q, k, d_out, lse, bq, bk).float(),
             "return dtype torch.float64, got torch.float32")
+
+
+def flash_dq_dk(q_i, k_j, v_j, d_out_i, out_i, lse_i):
+    scale = 1 / math.sqrt(q_i.shape[-1])
+    p = torch.exp(q_i @ k_j.transpose(-2, -1) * scale - lse_i[..., None])  # (B, H, bq, bk)
+    d_s = p * (d_out_i @ v_j.transpose(-2, -1) - (d_out_i * out_i).sum(-1, keepdim=True))  # (B, H, bq, bk)
+    return d_s @ k_j * scale, d_s.transpose(-2, -1) @ q_i * scale
+
+
+def flash_dq_dk_by_autograd(q_i, k_j, v_j, d_out_i, out_i, lse_i):
+    """Another right answer: dS is the gradient of sum(P * (dP - D_i)) with the bracket held fixed."""
+    q_i, k_j = q_i.detach().clone().requires_grad_(), k_j.detach().clone().requires_grad_()
+    with torch.enable_grad():
+        p = torch.exp(torch.einsum("bhqd,bhkd->bhqk", q_i, k_j) / q_i.shape[-1] ** 0.5 - lse_i[..., None])
+        weight = d_out_i @ v_j.transpose(-2, -1) - (d_out_i * out_i).sum(-1, keepdim=True)
+        d_q, d_k = torch.autograd.grad((p * weight).sum(), (q_i, k_j))
+    return d_q, d_k
+
+
+def test_flash_dq_dk(accepts, rejects):
+    line = ("✓ flash_dq_dk: matches the tile's share of dQ and dK on all 4 cases; added over 12 tiles they give "
+            "autograd's dQ and dK (T=23, S=17) to 1e-10")
+    accepts(check_flash_dq_dk, flash_dq_dk, line)
+    accepts(check_flash_dq_dk, flash_dq_dk_by_autograd, line)
+    rejects(check_flash_dq_dk, lambda *args: None, "not implemented yet")
+
+    def variant(scale_scores=True, lse=True, delta="full", scale=True, transpose="none"):
+        def tile(q_i, k_j, v_j, d_out_i, out_i, lse_i):
+            root = math.sqrt(q_i.shape[-1])
+            s = q_i @ k_j.mT / (root if scale_scores else 1)
+            p = (s - lse_i.unsqueeze(-1)).exp() if lse else s.exp()
+            d_p = d_out_i @ v_j.mT
+            d_i = {"full": (d_out_i * out_i).sum(-1, keepdim=True), "none": 0, "tile": (p * d_p).sum(-1, keepdim=True)}
+            d_s = p * (d_p - d_i[delta])
+            c = 1 / root if scale else 1
+            if transpose == "both":
+                return c * (d_s.mT @ k_j), c * (d_s @ q_i)
+            if transpose == "dk":
+                return c * (d_s @ k_j), c * (d_s @ q_i)
+            return c * (d_s @ k_j), c * (d_s.mT @ q_i)
+        return tile
+
+    assert check_flash_dq_dk(variant())  # the helper of this test is right when nothing is switched on
+    rejects(check_flash_dq_dk, variant(scale=False), "the scale is missing from dQ and dK")
+    rejects(check_flash_dq_dk, variant(scale_scores=False), "the scores are not scaled")
+    rejects(check_flash_dq_dk, variant(delta="none"), "D_i is left out")
+    rejects(check_flash_dq_dk, variant(delta="tile"), "D_i is summed over this tile's keys only")
+    rejects(check_flash_dq_dk, variant(lse=False), "the weights are not normalised")
+    rejects(check_flash_dq_dk, variant(transpose="both"), "dS is transposed")
+    rejects(check_flash_dq_dk, variant(transpose="dk"), "dS is not transposed in dK")
+    rejects(check_flash_dq_dk, lambda *args: flash_dq_dk(*args)[0], "expected a tuple of 2 results")
+    rejects(check_flash_dq_dk, lambda *args: tuple(t.float() for t in flash_dq_dk(*args)),
+            "return dtype torch.float64, got torch.float32")
+    rejects(check_flash_dq_dk, lambda *args: flash_dq_dk(*args)[::-1], "dQ and dK are swapped")
+    for odd in ((), ["a", "b"], "42", torch.tensor(1.0, dtype=torch.bfloat16)):
+        rejects(check_flash_dq_dk, lambda *args, odd=odd: odd, "✗ flash_dq_dk: on ")
+
+    def zeroes_d_out(q_i, k_j, v_j, d_out_i, out_i, lse_i):
+        grads = flash_dq_dk(q_i, k_j, v_j, d_out_i, out_i, lse_i)
+        d_out_i.zero_()
+        return grads
+    rejects(check_flash_dq_dk, zeroes_d_out, "modified its input (argument 4) in place")
+
+    def right_on_one_tile_only(q_i, k_j, v_j, d_out_i, out_i, lse_i):  # the last, shorter tiles get nothing
+        if q_i.shape[-2] != 8 or k_j.shape[-2] != 5:
+            return flash_dq_dk(q_i, k_j, v_j, d_out_i, out_i, lse_i)
+        return tuple(torch.zeros_like(t) for t in (q_i, k_j))
+    rejects(check_flash_dq_dk, right_on_one_tile_only, "differ from autograd's dQ and dK")
