@@ -26,14 +26,10 @@ endif
 # Where `make lab` keeps the learner's copies of the lessons (git ignores it; `make test` never
 # reads it). The pristine lessons stay in notebooks/.
 WORK ?= my-notebooks
-# JupyterLab reads settings overrides from here: saveState makes it store widget state (the
-# progress bars) in a saved notebook, so they still show after reopening it; fetchNews "false"
-# keeps its "get notified about news?" pop-up (and its requests to the web) away.
-LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
-# and serves this style sheet (LAB_SERVER_CONFIG turns it on): long lines of output wrap at spaces,
-# not inside a word ("transpose" split as "transpos|e"), which JupyterLab's own style allows.
-LAB_CSS := $(VENV)/share/jupyter/custom/custom.css
-LAB_SERVER_CONFIG := $(VENV)/etc/jupyter/jupyter_server_config.d/attention-step-by-step.json
+# JupyterLab's settings for `make lab`, written into $(VENV) by notebooks/nbtools.py lab-settings (the
+# README's "Your work in JupyterLab" says what each does): widgets' saveState, no news pop-up, output
+# that wraps at spaces, progress bars saved as text. This file is the last of the three it writes.
+LAB_SETTINGS := $(VENV)/etc/jupyter/jupyter_lab_config.py
 
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg -p no:cacheprovider
 JOBS ?= 2
@@ -76,21 +72,11 @@ venv:
 		exit 1; \
 	fi
 
-# Also made for a .venv installed before these files existed, and again when this Makefile changes.
+# Also made for a .venv installed before these files existed, and again when their writer changes.
 install: lab-settings
-lab-settings: $(LAB_OVERRIDES) $(LAB_CSS) $(LAB_SERVER_CONFIG)
-$(LAB_OVERRIDES): Makefile
-	mkdir -p $(dir $@)
-	printf '%s\n' '{"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": true},' \
-		' "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' > $@
-$(LAB_CSS): Makefile
-	mkdir -p $(dir $@)
-	printf '%s\n' '/* Written by make (attention-step-by-step): output wraps at spaces, a long word only where it must. */' \
-		'body .jp-OutputArea-output pre { word-break: normal; overflow-wrap: anywhere; }' > $@
-$(LAB_SERVER_CONFIG): Makefile
-	mkdir -p $(dir $@)
-	printf '%s\n' '{"LabApp": {"custom_css": true},' \
-		' "ServerApp": {"tornado_settings": {"static_custom_path": ["$(abspath $(dir $(LAB_CSS)))"]}}}' > $@
+lab-settings: $(LAB_SETTINGS)
+$(LAB_SETTINGS): Makefile notebooks/nbtools.py
+	$(PY) notebooks/nbtools.py lab-settings $(VENV)
 
 # The version it prints is read from torch/version.py, without importing torch: numpy is installed
 # after torch, and torch imported without it warns "Failed to initialize NumPy".
@@ -113,15 +99,17 @@ torch:
 		print('torch', v['__version__'], 'CUDA', v['cuda'])"
 
 # JupyterLab on the learner's working copies in $(WORK)/ (copied from notebooks/ on first use;
-# existing copies are kept). Jupyter refuses to run as root (as in many containers) unless told to.
+# existing copies are kept). It prints its address with a token and runs until Ctrl+C.
+# Jupyter refuses to run as root (as in many containers) unless told to.
 lab: $(STAMP) lab-settings
-	$(PY) tests/nbtools.py workcopy $(WORK)
+	$(PY) notebooks/nbtools.py workcopy $(WORK)
 	$(VENV)/bin/jupyter lab $(WORK) $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Put the pristine lesson back: make reset LESSON=04 (the learner's copy is kept beside it,
-# renamed *.saved-DATE.ipynb). Without LESSON, every lesson and solution is put back.
+# Put the pristine lesson back: make reset LESSON=04 puts back lesson 04 and its solutions where the
+# learner's copy differs (that copy is kept beside it, renamed *.saved-DATE.ipynb); without LESSON,
+# every lesson and solution. It says what to do about a lesson that is open in JupyterLab.
 reset: $(STAMP)
-	$(PY) tests/nbtools.py workcopy $(WORK) --reset "$(LESSON)"
+	$(PY) notebooks/nbtools.py workcopy $(WORK) --reset "$(LESSON)"
 
 test: $(STAMP) lint unit notebooks
 
@@ -142,10 +130,12 @@ notebooks: $(STAMP)
 # Re-record every notebook's outputs, in the same setting as `make notebooks` compares them.
 execute: $(STAMP)
 	ls notebooks/[0-9]*.ipynb notebooks/solutions/[0-9]*.ipynb | \
-		$(NB_ENV) xargs -P $(JOBS) -n 1 $(PY) tests/nbtools.py execute
+		$(NB_ENV) xargs -P $(JOBS) -n 1 $(PY) notebooks/nbtools.py execute
 
+# The setup cell and Colab badge of every notebook and the README's lesson table, from pyproject.toml's
+# [tool.course]; `make render REPOSITORY=https://github.com/OWNER/NAME` (and BRANCH=...) writes it there first.
 render: $(STAMP)
-	$(PY) tests/nbtools.py render
+	$(PY) notebooks/nbtools.py render $(if $(REPOSITORY),--repository "$(REPOSITORY)") $(if $(BRANCH),--branch "$(BRANCH)")
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

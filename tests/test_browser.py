@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notebooks"))
 import nbtools  # noqa: E402
 
 CHROMIUM = os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium")
