@@ -383,13 +383,18 @@ def cmd_workcopy(work: Path, reset: str | None = None) -> int:
     return 0
 
 
-# JupyterLab, as `make lab` starts it. Three files in the environment: settings overrides
-# (widgets' saveState, so a saved notebook still holds its progress bars; no news pop-up and no
-# update check), a style sheet (long output lines wrap at spaces, not inside a word), and the
-# server's config, which serves that style sheet and converts progress bars to text on saving.
+# JupyterLab, as `make lab` starts it. Three files in the environment:
+# - settings overrides: the widgets' saveState (a saved notebook holds its progress bars' state, which
+#   the server's config below turns into text); no news pop-up and no update check; closing a lesson's
+#   tab shuts its kernel down (each kernel holds torch; and a reopened lesson then starts clean, since
+#   JupyterLab marks a notebook modified when it restores widgets from a running kernel);
+# - a style sheet: long output lines wrap at spaces, not inside a word;
+# - the server's config: it serves that style sheet and saves each progress bar as its final text,
+#   so a reopened lesson has no widget state to restore (restoring it marks the lesson modified).
 LAB_OVERRIDES = {
     "@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True},
     "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
+    "@jupyterlab/notebook-extension:tracker": {"kernelShutdown": True},
 }
 LAB_CSS = """/* Written by `make` for the course: output wraps at spaces, and inside a word only where it must
    (JupyterLab's own style breaks anywhere: "transpos" on one line, "e(1, 2)" on the next). */
