@@ -7,6 +7,7 @@ Debian and Ubuntu ship Python's venv without pip (that is the package python3-ve
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -21,8 +22,10 @@ PACKAGE = f"python{sys.version_info[0]}.{sys.version_info[1]}-venv"
 
 
 def _make_venv(venv_dir: Path, python: Path | str) -> subprocess.CompletedProcess:
+    # run from `make test` too: the outer make's flags and variables must not reach this one
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
     return subprocess.run(["make", "-s", "--no-print-directory", "-C", str(ROOT), "venv", f"VENV={venv_dir}",
-                           f"PYTHON={python}"], capture_output=True, text=True)
+                           f"PYTHON={python}"], capture_output=True, text=True, env=env)
 
 
 def _python_without_venv_pip(tmp: Path) -> Path:
