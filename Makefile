@@ -34,7 +34,7 @@ LAB_SETTINGS := $(VENV)/etc/jupyter/jupyter_lab_config.py
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg -p no:cacheprovider
 JOBS ?= 2
 
-.PHONY: lab reset test unit notebooks lint execute render bench clean install torch oldest venv lab-settings
+.PHONY: lab reset test unit notebooks lint execute render bench clean install torch oldest
 
 install: $(STAMP)
 
@@ -54,6 +54,7 @@ $(STAMP): requirements.txt pyproject.toml
 # the package python3-venv): `python3 -m venv` then stops half-way and leaves a $(VENV) without pip,
 # which would break every later run. What this rule made in vain it removes; a $(VENV) without pip
 # that it finds (from an older Makefile, or another tool) it names and leaves to the user.
+.PHONY: venv lab-settings
 VENV_PACKAGE = python$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)-venv
 venv:
 	@if [ -x $(PY) ] && $(PY) -m pip --version >/dev/null 2>&1; then exit 0; fi; \

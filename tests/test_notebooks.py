@@ -219,57 +219,6 @@ def test_workcopy_reset_rejects_what_is_not_a_lesson_number(tmp_path, bad, capsy
     assert f"LESSON={bad!r} is not a lesson number; the lessons are 00, 01, " in capsys.readouterr().out
 
 
-def imported_names(source):
-    """Yield dotted names a cell imports from helpers ('helpers.masks', 'helpers.attention.softmax')."""
-    lines = [ln for ln in source.split("\n") if not ln.lstrip().startswith(("%", "!"))]
-    for node in ast.walk(ast.parse("\n".join(lines))):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("helpers"):
-            for alias in node.names:
-                yield f"{node.module}.{alias.name}"
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith("helpers"):
-                    yield alias.name
-
-
-def lesson_of(name):
-    """The lesson that derives the helper ``name``; fails (closed) on a name with no "(lesson NN)" note."""
-    if name not in DERIVED_IN:
-        raise KeyError(f"{name} is not a helper with a (lesson NN) note in its docstring (or its module's): "
-                       "add the note, or fix the name")
-    return 0 if name.startswith(tuple(t + "." for t in TOOLS)) or name in TOOLS else DERIVED_IN[name]
-
-
-@pytest.mark.parametrize("path", ALL, ids=rel)
-def test_helpers_imported_only_after_the_lesson_that_derives_them(path):
-    number = int(path.name[:2])
-    for c in cells(path):
-        if c["cell_type"] != "code":
-            continue
-        for name in imported_names(text(c)):
-            assert lesson_of(name) <= number, (
-                f"{rel(path)} imports {name}, which lesson {lesson_of(name):02d} derives")
-
-
-def test_derive_map_is_read_from_the_docstrings_and_fails_closed():
-    assert lesson_of("helpers.masks.causal_mask") == 5
-    assert lesson_of("helpers.attention.to_torch_mha") == 4 and lesson_of("helpers.attention.softmax") == 3
-    assert lesson_of("helpers.transformer.TransformerConfig") == 7 and lesson_of("helpers.transformer.Transformer") == 8
-    assert lesson_of("helpers.device.peak_memory") == 9 and lesson_of("helpers.device.seed_everything") == 0
-    assert lesson_of("helpers.checks.check_causal_mask") == 5  # re-exported: the lesson of the object
-    assert lesson_of("helpers.data.DIGITS") == lesson_of("helpers.data") == 1  # a constant: its module's
-    assert lesson_of("helpers.plot.attention_heatmap") == 0  # a tool
-    for unknown in ("helpers.masks.no_such_mask", "helpers.nowhere", "helpers._validate.positive_int"):
-        with pytest.raises(KeyError, match="lesson NN"):
-            lesson_of(unknown)
-
-
-def test_derive_map_detects_early_import():
-    assert lesson_of("helpers.masks.causal_mask") == 5
-    assert list(imported_names("from helpers.masks import causal_mask\n%matplotlib inline")) == [
-        "helpers.masks.causal_mask"]
-
-
 # --- The repository named in one place -------------------------------------------------------------
 
 COLAB_LINK = re.compile(r"https://colab\.research\.google\.com/github/([^/\s)]+)/([^/\s)]+)/blob/([^/\s)]+)/([^\s)]+)")
@@ -380,3 +329,55 @@ def test_saved_progress_bars_become_their_final_text():
     other = _bar_notebook(1, 2, model_name="IntSliderModel")  # not a progress bar: left as it is
     before = json.dumps(other)
     assert not nbtools.widget_bars_as_text(other) and json.dumps(other) == before
+
+
+def imported_names(source):
+    """Yield dotted names a cell imports from helpers ('helpers.masks', 'helpers.attention.softmax')."""
+    lines = [ln for ln in source.split("\n") if not ln.lstrip().startswith(("%", "!"))]
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("helpers"):
+            for alias in node.names:
+                yield f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("helpers"):
+                    yield alias.name
+
+
+def lesson_of(name):
+    """The lesson that derives the helper ``name``; fails (closed) on a name with no "(lesson NN)" note."""
+    if name not in DERIVED_IN:
+        raise KeyError(f"{name} is not a helper with a (lesson NN) note in its docstring (or its module's): "
+                       "add the note, or fix the name")
+    return 0 if name.startswith(tuple(t + "." for t in TOOLS)) or name in TOOLS else DERIVED_IN[name]
+
+
+@pytest.mark.parametrize("path", ALL, ids=rel)
+def test_helpers_imported_only_after_the_lesson_that_derives_them(path):
+    number = int(path.name[:2])
+    for c in cells(path):
+        if c["cell_type"] != "code":
+            continue
+        for name in imported_names(text(c)):
+            assert lesson_of(name) <= number, (
+                f"{rel(path)} imports {name}, which lesson {lesson_of(name):02d} derives")
+
+
+def test_derive_map_is_read_from_the_docstrings_and_fails_closed():
+    assert lesson_of("helpers.masks.causal_mask") == 5
+    assert lesson_of("helpers.attention.to_torch_mha") == 4 and lesson_of("helpers.attention.softmax") == 3
+    assert lesson_of("helpers.transformer.TransformerConfig") == 7 and lesson_of("helpers.transformer.Transformer") == 8
+    assert lesson_of("helpers.device.peak_memory") == 9 and lesson_of("helpers.device.seed_everything") == 0
+    assert lesson_of("helpers.checks.check_causal_mask") == 5  # re-exported: the lesson of the object
+    assert lesson_of("helpers.data.DIGITS") == lesson_of("helpers.data") == 1  # a constant: its module's
+    assert lesson_of("helpers.plot.attention_heatmap") == 0  # a tool
+    for unknown in ("helpers.masks.no_such_mask", "helpers.nowhere", "helpers._validate.positive_int"):
+        with pytest.raises(KeyError, match="lesson NN"):
+            lesson_of(unknown)
+
+
+def test_derive_map_detects_early_import():
+    assert lesson_of("helpers.masks.causal_mask") == 5
+    assert list(imported_names("from helpers.masks import causal_mask\n%matplotlib inline")) == [
+        "helpers.masks.causal_mask"]
+
