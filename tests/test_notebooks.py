@@ -380,4 +380,3 @@ def test_derive_map_detects_early_import():
     assert lesson_of("helpers.masks.causal_mask") == 5
     assert list(imported_names("from helpers.masks import causal_mask\n%matplotlib inline")) == [
         "helpers.masks.causal_mask"]
-
