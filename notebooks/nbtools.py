@@ -91,9 +91,9 @@ def setup_source(repository: str | None = None, branch: str | None = None) -> st
     repository = repository or cfg["repository"]
     branch = branch or cfg["branch"]
     packages = ", ".join(f'"{p}"' for p in COLAB_EXTRA_PACKAGES)
-    imports = "import importlib.util\nimport sys" if PLACEHOLDER_ACCOUNT in repository else \
-        "import importlib.util\nimport os\nimport subprocess\nimport sys"
     if PLACEHOLDER_ACCOUNT in repository:
+        about = "# On Colab: say that the course is not published yet (its repository is still a placeholder)."
+        imports = "import importlib.util\nimport sys"
         colab = f'''REPOSITORY = "{repository}"  # a placeholder: not published yet
 if "google.colab" in sys.modules:
     raise CourseSetupError(
@@ -102,6 +102,9 @@ if "google.colab" in sys.modules:
         "folder: it installs everything and opens the lessons in JupyterLab. (To publish the course, "
         "run `make render REPOSITORY=https://github.com/OWNER/NAME` there and push the result.)")'''
     else:
+        about = """# On Colab: fetch the course, install its `helpers` package and lesson 11's model (leaving
+# Colab's own torch, numpy and matplotlib alone), and work from notebooks/."""
+        imports = "import importlib.util\nimport os\nimport subprocess\nimport sys"
         colab = f'''REPOSITORY = "{repository}"
 if "google.colab" in sys.modules:
     course = os.path.join(os.environ.get("COURSE_COLAB_ROOT", "/content"), "course")  # set by tests only
@@ -111,9 +114,8 @@ if "google.colab" in sys.modules:
                     {packages}], check=True)
     os.chdir(os.path.join(course, "notebooks"))'''
     return f'''{SETUP_MARKER}
-# On Colab: fetch the course, install its `helpers` package and lesson 11's model (leaving
-# Colab's own torch, numpy and matplotlib alone), and work from notebooks/.
-# Anywhere else (JupyterLab after `make lab`, nbval in CI) it only checks that `helpers` is installed.
+{about}
+# Anywhere else (JupyterLab after `make lab`, or another editor): only check that `helpers` can be imported.
 {imports}
 
 
