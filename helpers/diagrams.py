@@ -322,7 +322,7 @@ def softmax_gradient_diagram(d_k, S=8, seed=0):
     scores = k @ q  # (S,)
     fig, ax = canvas(11.0, 5.4, f"from scores to softmax to gradient: one query, S = {S} keys, d_k = {d_k}")
     rows = [("unscaled", scores, f"scores s = q.k\nstd sqrt(d_k) = {np.sqrt(d_k):.3g}", 3.55),
-            ("scaled", scores / np.sqrt(d_k), f"scores s / sqrt(d_k)\nstd 1", 1.35)]
+            ("scaled", scores / np.sqrt(d_k), "scores s / sqrt(d_k)\nstd 1", 1.35)]
     for name, row, label, y in rows:
         p = np.exp(row - row.max())
         p /= p.sum()  # (S,)
