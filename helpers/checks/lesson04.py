@@ -9,7 +9,7 @@ from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
 from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, first_output, randn, torch_calls
 
 __all__ = ["check_mha_param_count", "check_split_qkv", "check_grouped_query_attention", "check_pattern_mass",
-           "check_predict_head_params"]
+           "check_predict_weights_ratio"]
 
 
 
@@ -133,13 +133,22 @@ def check_pattern_mass(fn) -> CheckResult:
     return check("pattern_mass", fn, pattern_mass_reference, cases, bugs=bugs)
 
 
-def _head_params_difference() -> float:
-    def count(n_heads):
-        return sum(p.numel() for p in MultiHeadAttention(64, n_heads).parameters())
-    return float(count(8) - count(1))
+def _weights_ratio() -> float:
+    """Numbers in the attention weights of MultiHeadAttention(64, 8) over those of (64, 1), same input."""
+    x = torch.randn(2, 10, 64, generator=torch.Generator().manual_seed(0))  # (B, T, C)
+
+    def weights(n_heads):
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(0)
+            return MultiHeadAttention(64, n_heads)(x, x, x)[1]  # (B, H, T, T)
+    return weights(8).numel() / weights(1).numel()
 
 
-def check_predict_head_params(predicted) -> CheckResult:
-    """Predict then measure: how many more parameters MultiHeadAttention(64, 8) has than (64, 1) (lesson 04)."""
-    return check_prediction("predict_head_params", predicted, _head_params_difference,
-                            "difference in parameters", abs_tol=0.5)
+def check_predict_weights_ratio(predicted) -> CheckResult:
+    """Predict then measure: how many times more attention weights 8 heads produce than 1 head, C=64 (lesson 04).
+
+    The nearest plausible wrong answers are 1 (the parameters and the arithmetic do not change with H)
+    and 1/8; a margin of 0.5 tells each apart from 8.
+    """
+    return check_prediction("predict_weights_ratio", predicted, _weights_ratio,
+                            "ratio of attention-weight counts (8 heads / 1 head)", abs_tol=0.5)

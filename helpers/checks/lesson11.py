@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import functools
-import json
-import math
-import struct
 
 import torch
 import torch.nn.functional as F
 
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction
+from helpers.checks._core import Bug, Case, CheckResult, Reject, check, describe
 
 __all__ = ["check_mean_pool", "check_wordpiece", "check_previous_token_score", "check_rank_by_cosine",
-           "check_predict_layer_parameters"]
+           "check_pad_batch"]
 
 
 def _mean_pool(hidden, mask):
@@ -173,18 +170,39 @@ def check_rank_by_cosine(fn) -> CheckResult:
     return check("rank_by_cosine", fn, _rank_by_cosine, cases, bugs=bugs, adapt=adapt)
 
 
-def _layer_parameters(layer: int = 0) -> int:
-    """Count the numbers in encoder.layer.<layer>.* of all-MiniLM-L6-v2's checkpoint, from its header alone."""
-    from helpers.pretrained import minilm_dir
+def _pad_batch(id_lists, pad_id, left=False, flip_mask=False, mask_from_ids=False):
+    """Right-pad lists of token ids to (B, L) with pad_id, mask True at real tokens; keywords reproduce slips."""
+    L = max(len(ids) for ids in id_lists)
+    ids = torch.full((len(id_lists), L), pad_id, dtype=torch.long)  # (B, L)
+    mask = torch.zeros(len(id_lists), L, dtype=torch.bool)  # (B, L)
+    for b, row in enumerate(id_lists):
+        where = slice(L - len(row), L) if left else slice(0, len(row))
+        ids[b, where] = torch.tensor(row, dtype=torch.long)
+        mask[b, where] = True
+    if mask_from_ids:
+        mask = ids != pad_id
+    return ids, ~mask if flip_mask else mask
 
-    with open(minilm_dir() / "model.safetensors", "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    prefix = f"encoder.layer.{layer}."
-    return sum(math.prod(info["shape"]) for name, info in header.items() if name.startswith(prefix))
+
+def _zero_filled(id_lists, pad_id):
+    ids, mask = _pad_batch(id_lists, pad_id)
+    return ids.masked_fill(~mask, 0), mask  # the bug: pads of 0 whatever pad_id is
 
 
-def check_predict_layer_parameters(predicted) -> CheckResult:
-    """Predict then count: parameters of one MiniLM encoder layer (C=384, d_ff=1536), biases included (lesson 11)."""
-    return check_prediction("predict_layer_parameters", predicted, _layer_parameters,
-                            "number of parameters in encoder.layer.0 of the checkpoint")
+def check_pad_batch(fn) -> CheckResult:
+    """Check ``pad_batch(id_lists, pad_id) -> (ids (B, L), mask (B, L))``, as the tokenizer pads (lesson 11)."""
+    cases = [Case("one sentence, no padding: [[101, 7592, 102]]", ([[101, 7592, 102]], 0)),
+             Case("three sentences of 4, 2 and 3 ids, pad_id=0",
+                  ([[101, 2023, 2003, 102], [101, 102], [101, 7592, 102]], 0)),
+             Case("the longest sentence last, pad_id=0", ([[101, 102], [101, 2307, 2154, 2003, 102]], 0)),
+             Case("a real token equal to pad_id: [[5, 0, 6], [5]], pad_id=0 (the mask comes from the lengths)",
+                  ([[5, 0, 6], [5]], 0)),
+             Case("pad_id=9", ([[1, 2, 3], [4]], 9))]
+    bugs = [Bug("the mask's polarity is flipped: True marks a real token, False a pad",
+                lambda lists, p: _pad_batch(lists, p, flip_mask=True)),
+            Bug("the pads go on the left; pad on the right, after each sentence's ids, as the tokenizer does",
+                lambda lists, p: _pad_batch(lists, p, left=True)),
+            Bug("the mask is ids != pad_id, which also hides a real token whose id equals pad_id: build it from "
+                "each sentence's length", lambda lists, p: _pad_batch(lists, p, mask_from_ids=True)),
+            Bug("the pads are 0 whatever pad_id is: fill with pad_id", _zero_filled)]
+    return check("pad_batch", fn, _pad_batch, cases, bugs=bugs)

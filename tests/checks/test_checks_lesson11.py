@@ -7,7 +7,6 @@ import torch.nn.functional as F
 
 from helpers.checks import (
     check_mean_pool,
-    check_predict_layer_parameters,
     check_previous_token_score,
     check_rank_by_cosine,
     check_wordpiece,
@@ -163,16 +162,3 @@ def test_rank_by_cosine(accepts, rejects):
         c /= c.norm(dim=-1, keepdim=True)
         return (c @ q).argsort(descending=True)
     rejects(check_rank_by_cosine, normalises_in_place, "modified its input (argument 2) in place")
-
-
-def test_predict_layer_parameters(verdict):
-    C, F_ = 384, 1536
-    attention = 4 * (C * C + C)  # w_q, w_k, w_v, w_o with biases
-    feed_forward = C * F_ + F_ + F_ * C + C
-    norms = 2 * 2 * C  # two LayerNorms, weight and bias
-    assert not verdict(check_predict_layer_parameters, None)[0]
-    ok, line = verdict(check_predict_layer_parameters, attention + feed_forward + norms)
-    assert ok and line.startswith("✓ predict_layer_parameters: you predicted 1,774,464; the measured number")
-    assert not verdict(check_predict_layer_parameters, 4 * C * C + 2 * C * F_)[0]  # biases and norms forgotten
-    assert not verdict(check_predict_layer_parameters, attention + feed_forward)[0]  # the LayerNorms forgotten
-    assert not verdict(check_predict_layer_parameters, float("nan"))[0]
