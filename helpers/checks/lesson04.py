@@ -66,11 +66,19 @@ def check_split_qkv(fn) -> CheckResult:
         B, T, C = x.shape
         return tuple(t.reshape(B, h, T, C // h) for t in F.linear(x, w, b).split(C, dim=-1))
 
+    def heads_first(x, w, b, h):  # GPT-style (B, T, H, 3D) chunking of a weight stacked as [W_Q; W_K; W_V]
+        B, T, C = x.shape
+        qkv = F.linear(x, w, b).view(B, T, h, 3 * (C // h)).transpose(1, 2)  # (B, H, T, 3D)
+        return tuple(qkv.chunk(3, dim=-1))
+
     bugs = [Bug("q, k, v must be split off the last axis first ((B, T, 3C) -> 3 x (B, T, C)), then "
                 "viewed as (B, T, H, D) and transposed; reshaping straight to (B, H, T, D) mixes tokens",
                 no_transpose),
             Bug("the bias is missing: project with F.linear(x, in_proj_weight, in_proj_bias)",
-                lambda x, w, b, h: split_qkv_reference(x, w, None, h))]
+                lambda x, w, b, h: split_qkv_reference(x, w, None, h)),
+            Bug("you split the heads before cutting q, k, v: the last axis of (B, T, 3C) holds all C query "
+                "features, then all keys, then all values; cut with split(C, dim=-1) first, then split the heads",
+                heads_first)]
     return check("split_qkv", fn, split_qkv_reference, cases, bugs=bugs)
 
 
@@ -99,7 +107,12 @@ def check_grouped_query_attention(fn) -> CheckResult:
         return scaled_dot_product_attention(q, k.repeat(1, H // G, 1, 1), v.repeat(1, H // G, 1, 1))[0]
 
     bugs = [Bug("heads are matched to groups as h % G (repeat): query head h uses group h // (H / G), "
-                "so consecutive heads share a group (repeat_interleave)", tiled)]
+                "so consecutive heads share a group (repeat_interleave)", tiled),
+            Bug("every query head uses key/value group 0: repeat each of the G groups H / G times "
+                "(repeat_interleave), do not broadcast the first one",
+                lambda q, k, v: scaled_dot_product_attention(q, k[:, :1], v[:, :1])[0]),
+            Bug("the groups are averaged into one key/value head: keep all G, each repeated H / G times",
+                lambda q, k, v: scaled_dot_product_attention(q, k.mean(1, keepdim=True), v.mean(1, keepdim=True))[0])]
     return check("grouped_query_attention", fn, grouped_query_attention_reference, cases, bugs=bugs,
                  adapt=first_output)
 
@@ -129,7 +142,11 @@ def check_pattern_mass(fn) -> CheckResult:
     bugs = [Bug("rows where the pattern has no True must be left out of the mean, not counted as 0",
                 lambda w, p: (w * p).sum(dim=-1).mean(dim=(0, 2))),
             Bug("the mean runs over the heads: return one number per head, averaged over batch and queries",
-                lambda w, p: (w * p).sum(dim=-1)[..., p.any(dim=-1)].mean(dim=(1, 2)))]
+                lambda w, p: (w * p).sum(dim=-1)[..., p.any(dim=-1)].mean(dim=(1, 2))),
+            Bug("that is a sum over the queries and the batch: average them (mean), so a perfect head scores 1",
+                lambda w, p: (w * p).sum(dim=-1)[..., p.any(dim=-1)].sum(dim=(0, 2))),
+            Bug("the mass is averaged over the keys: sum it over the keys of the pattern (dim -1), then average "
+                "over queries and batch", lambda w, p: (w * p).mean(dim=-1)[..., p.any(dim=-1)].mean(dim=(0, 2)))]
     return check("pattern_mass", fn, pattern_mass_reference, cases, bugs=bugs)
 
 

@@ -328,6 +328,290 @@ mistakes("check_temperature_for_entropy", [
     (lambda scores, target: "1.0", "as a number"),
 ])
 
+# --- lesson 04 ------------------------------------------------------------------------------------
+
+mistakes("check_mha_param_count", [
+    lambda d, h, b=True: 4 * d * d + (4 * d if b else 0),
+    lambda d, h, b=True: 4 * (d * d + d * b),
+], [
+    (lambda d, h, b=True: 4 * d * d + 4 * d, "although bias=False"),
+    (lambda d, h, b=True: 4 * d * d, "the biases are missing"),
+    (lambda d, h, b=True: h * (4 * d * d + (4 * d if b else 0)), "depends on n_heads"),
+    (lambda d, h, b=True: 3 * d * d + (3 * d if b else 0), "output projection is missing"),
+    (lambda d, h, b=True: sum(p.numel() for p in torch.nn.Linear(d, 4 * d, bias=b).parameters()), "calls torch"),
+])
+
+
+def _split_qkv(x, w, b, h):
+    B, T, C = x.shape
+    return tuple(t.view(B, T, h, C // h).transpose(1, 2) for t in F.linear(x, w, b).split(C, dim=-1))
+
+
+def _split_qkv_each(x, w, b, h):
+    B, T, C = x.shape
+    out = []
+    for i in range(3):
+        t = x @ w[i * C:(i + 1) * C].T + b[i * C:(i + 1) * C]  # (B, T, C)
+        out.append(t.reshape(B, T, h, -1).permute(0, 2, 1, 3))
+    return out
+
+
+def _split_heads_first(x, w, b, h):
+    B, T, C = x.shape
+    return F.linear(x, w, b).view(B, T, h, 3 * C // h).transpose(1, 2).chunk(3, dim=-1)
+
+
+mistakes("check_split_qkv", [_split_qkv, _split_qkv_each], [
+    (lambda x, w, b, h: tuple(t.reshape(x.shape[0], h, x.shape[1], -1) for t in F.linear(x, w, b).split(
+        x.shape[-1], dim=-1)), "mixes tokens"),
+    (lambda x, w, b, h: _split_qkv(x, w, None, h), "the bias is missing"),
+    (_split_heads_first, "split the heads before cutting q, k, v"),
+])
+
+
+def _gqa(q, k, v):
+    r = q.shape[1] // k.shape[1]
+    return scaled_dot_product_attention(q, k.repeat_interleave(r, 1), v.repeat_interleave(r, 1))[0]
+
+
+def _gqa_grouped(q, k, v):
+    B, H, T, D = q.shape
+    G = k.shape[1]
+    qg = q.view(B, G, H // G, T, D)  # (B, G, H/G, T, D)
+    w = torch.softmax(qg @ k[:, :, None].transpose(-2, -1) / D ** 0.5, -1)  # (B, G, H/G, T, S)
+    return (w @ v[:, :, None]).reshape(B, H, T, D)
+
+
+mistakes("check_grouped_query_attention", [_gqa, _gqa_grouped], [
+    (lambda q, k, v: scaled_dot_product_attention(q, k.repeat(1, q.shape[1] // k.shape[1], 1, 1),
+                                                  v.repeat(1, q.shape[1] // k.shape[1], 1, 1))[0], "h % G"),
+    (lambda q, k, v: scaled_dot_product_attention(q, k[:, :1], v[:, :1])[0], "uses key/value group 0"),
+    (lambda q, k, v: scaled_dot_product_attention(q, k.mean(1, keepdim=True), v.mean(1, keepdim=True))[0],
+     "averaged into one"),
+])
+
+
+def _mass(w, p):
+    rows = p.any(-1)
+    return (w * p).sum(-1)[..., rows].mean(dim=(0, 2))
+
+
+def _mass_loop(w, p):
+    B, H, T, S = w.shape
+    rows = [t for t in range(T) if p[t].any()]
+    return torch.stack([torch.stack([w[b, h, t][p[t]].sum() for b in range(B) for t in rows]).mean()
+                        for h in range(H)])
+
+
+mistakes("check_pattern_mass", [_mass, _mass_loop], [
+    (lambda w, p: (w * p).sum(-1).mean(dim=(0, 2)), "not counted as 0"),
+    (lambda w, p: (w * p).sum(-1)[..., p.any(-1)].mean(dim=(1, 2)), "the mean runs over the heads"),
+    (lambda w, p: (w * p).sum(-1)[..., p.any(-1)].sum(dim=(0, 2)), "that is a sum"),
+    (lambda w, p: (w * p).mean(-1)[..., p.any(-1)].mean(dim=(0, 2)), "averaged over the keys"),
+])
+
+
+# --- lesson 05 ------------------------------------------------------------------------------------
+
+mistakes("check_causal_mask", [
+    lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(S - T),
+    lambda T, S: torch.arange(S)[None, :] <= torch.arange(S - T, S)[:, None],
+], [
+    (lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(), "aligned top-left"),
+    (lambda T, S: ~torch.ones(T, S, dtype=torch.bool).tril(S - T), "polarity flipped"),
+    (lambda T, S: torch.ones(T, S, dtype=torch.bool).triu(S - T), "see the future"),
+    (lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(S - T - 1), "diagonal is missing"),
+])
+
+mistakes("check_padding_mask", [
+    lambda ids, pad_id: (ids != pad_id)[:, None, None, :],
+    lambda ids, pad_id: ids.ne(pad_id).view(ids.shape[0], 1, 1, ids.shape[1]),
+], [
+    (lambda ids, pad_id: (ids == pad_id)[:, None, None, :], "polarity flipped"),
+    (lambda ids, pad_id: ids != pad_id, "shape (B, S)"),
+    (lambda ids, pad_id: (ids != pad_id)[:, None, :, None], "masks queries"),
+    (lambda ids, pad_id: (ids != 0)[:, None, None, :], "whatever pad_id is"),
+    (lambda ids, pad_id: (torch.cumsum(ids == pad_id, -1) == 0)[:, None, None, :], "from the first pad"),
+])
+
+
+def _way2(q, k, v, mask, max_over_allowed=True, guard=True, renormalise=True):
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    mask = mask.expand_as(scores)
+    top = torch.where(mask, scores, torch.finfo(scores.dtype).min) if max_over_allowed else scores
+    e = torch.where(mask, torch.exp(scores - top.amax(-1, keepdim=True)), 0.0)
+    if not renormalise:
+        w = torch.softmax(scores, -1) * mask
+    else:
+        w = e / (e.sum(-1, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny) if guard else e.sum(-1, keepdim=True))
+    return w @ v, w
+
+
+def _way2_where(q, k, v, mask):
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    mask = mask.expand_as(scores)
+    top = torch.where(mask, scores, torch.finfo(scores.dtype).min).amax(-1, keepdim=True)
+    e = torch.where(mask, torch.exp(scores - top), torch.zeros_like(scores))
+    total = e.sum(-1, keepdim=True)
+    w = torch.where(total > 0, e / torch.where(total > 0, total, 1.0), 0.0)
+    return w @ v, w
+
+
+mistakes("check_masked_attention", [_way2, _way2_where], [
+    (lambda q, k, v, m: _way2(q, k, v, ~m), "polarity flipped"),
+    (lambda q, k, v, m: _way2(q, k, v, m, guard=False), "0 / 0 = NaN"),
+    (lambda q, k, v, m: _way2(q, k, v, m, max_over_allowed=False, guard=False), "two traps"),
+    (lambda q, k, v, m: _way2(q, k, v, m, max_over_allowed=False), "your max includes the blocked scores"),
+    (lambda q, k, v, m: _way2(q, k, v, m, renormalise=False), "not renormalised"),
+    (lambda q, k, v, m: scaled_dot_product_attention(q, k, v, m), "passes -inf"),
+])
+
+mistakes("check_mha_masks", [
+    lambda c, p: (~c, ~p[:, 0, 0, :]),
+    lambda c, p: (c.logical_not(), p.flatten(1).logical_not()),
+], [
+    (lambda c, p: (c, p[:, 0, 0, :]), "still have the course's polarity"),
+    (lambda c, p: (~c, p[:, 0, 0, :]), "attn_mask is right"),
+    (lambda c, p: (c, ~p[:, 0, 0, :]), "key_padding_mask is right"),
+    (lambda c, p: (~c, ~p.squeeze()), "squeeze() also drops the batch axis"),
+    (lambda c, p: (~c, ~p), "key_padding_mask must be (B, S)"),
+    (lambda c, p: (~p[:, 0, 0, :], ~c), "swapped"),
+])
+
+
+def _leaks(f, x):
+    base = f(x)
+    for t in range(x.shape[1] - 1):
+        changed = x.clone()
+        changed[:, t + 1:] = torch.randn_like(changed[:, t + 1:])
+        if not torch.allclose(f(changed)[:, :t + 1], base[:, :t + 1], atol=1e-6):
+            return True
+    return False
+
+
+def _leaks_jacobian(f, x):
+    T = x.shape[1]
+    jac = torch.autograd.functional.jacobian(lambda z: f(z[None])[0], x[0])  # (T, C, T, C)
+    influence = jac.abs().sum(dim=(1, 3))  # (T out, T in)
+    return bool((influence.triu(1) > 1e-9).any())
+
+
+def _leaks_until(last_t):
+    def detector(f, x):
+        base = f(x)
+        for t in range(last_t(x.shape[1])):
+            changed = x.clone()
+            changed[:, t + 1:] = changed[:, t + 1:] + 1.0
+            if not torch.allclose(f(changed)[:, :t + 1], base[:, :t + 1], atol=1e-6):
+                return True
+        return False
+    return detector
+
+
+def _leaks_position_0(f, x):
+    changed = x.clone()
+    changed[:, 1:] = changed[:, 1:] + 1.0
+    return not torch.allclose(f(changed)[:, 0], f(x)[:, 0], atol=1e-6)
+
+
+def _leaks_last_input(f, x):
+    changed = x.clone()
+    changed[:, -1] = changed[:, -1] + 1.0
+    return not torch.allclose(f(changed)[:, :-1], f(x)[:, :-1], atol=1e-6)
+
+
+mistakes("check_leaks_future", [_leaks, _leaks_jacobian], [
+    (_leaks_until(lambda T: T - 2), "never tests t = T - 2"),
+    (_leaks_position_0, "compares only output 0"),
+    (_leaks_last_input, "before the last one"),
+    (lambda f, x: torch.tensor(1.0) if _leaks(f, x) else torch.tensor(0.0), "return True or False"),
+])
+
+
+# --- lesson 06 ------------------------------------------------------------------------------------
+
+def _omega(d):
+    return 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+
+
+def _shift(k, d):
+    m = torch.zeros(d, d, dtype=torch.float64)
+    for i, w in enumerate(_omega(d).tolist()):
+        c, s = math.cos(k * w), math.sin(k * w)
+        m[2 * i:2 * i + 2, 2 * i:2 * i + 2] = torch.tensor([[c, s], [-s, c]], dtype=torch.float64)
+    return m
+
+
+def _shift_block_diag(k, d):
+    c, s = torch.cos(k * _omega(d)), torch.sin(k * _omega(d))
+    return torch.block_diag(*[torch.stack([torch.stack([ci, si]), torch.stack([-si, ci])]) for ci, si in zip(c, s)])
+
+
+mistakes("check_shift_matrix", [_shift, lambda k, d: _shift_block_diag(k, d).float()], [
+    (lambda k, d: _shift(k, d).T, "the transpose"),
+    (lambda k, d: _shift(k, d).T.contiguous() if False else checks.lesson06._shift_matrix_with(
+        k, d, 10000.0 ** (-torch.arange(d // 2, dtype=torch.float64) / d)), "10000^(-i/d_model)"),
+    (checks.lesson06._half_split_shift, "(i, i + d_model/2)"),
+])
+
+
+def _distance(n, d):
+    pos = torch.arange(n, dtype=torch.float64)
+    return torch.cos((pos[:, None, None] - pos[None, :, None]) * _omega(d)).sum(-1)
+
+
+def _distance_loop(n, d):
+    out = torch.zeros(n, n)
+    for p in range(n):
+        for q in range(n):
+            out[p, q] = sum(math.cos((p - q) * w) for w in _omega(d).tolist())
+    return out
+
+
+mistakes("check_distance_scores", [_distance, _distance_loop], [
+    (lambda n, d: torch.cos((torch.arange(n)[:, None, None] - torch.arange(n)[None, :, None]).double()
+                            * 10000.0 ** (-torch.arange(d, dtype=torch.float64) / d)).sum(-1), "d_model cosines"),
+    (lambda n, d: 2 * _distance(n, d), "twice the reference"),
+    (lambda n, d: torch.sin((torch.arange(n)[:, None, None] - torch.arange(n)[None, :, None]).double()
+                            * _omega(d)).sum(-1), "summed sines"),
+    (lambda n, d: (lambda pe: pe @ pe.T)(checks.lesson06.sinusoidal_encoding(n, d)), "computes sines"),
+])
+
+
+def _rotate_half(x):
+    T, D = x.shape[-2:]
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * _omega(D)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    x1, x2 = x[..., :D // 2], x[..., D // 2:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)
+
+
+def _rotate_half_complex(x):
+    T, D = x.shape[-2:]
+    z = torch.complex(x[..., :D // 2].double(), x[..., D // 2:].double())
+    z = z * torch.polar(torch.ones(T, D // 2, dtype=torch.float64),
+                        torch.arange(T, dtype=torch.float64)[:, None] * _omega(D))
+    return torch.cat((z.real, z.imag), -1).to(x.dtype)
+
+
+mistakes("check_rotate_half", [_rotate_half, _rotate_half_complex], [
+    (checks.lesson06.apply_rotary, "interleaved layout"),
+    (lambda x: checks.lesson06._rotate_half(x, sign=-1.0), "wrong way"),
+    (lambda x: checks.lesson06._rotate_half(x, exponent=1), "10000^(-i/D)"),
+])
+
+mistakes("check_alibi_bias", [
+    lambda T, s: -s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs().float(),
+    lambda T, s: -s * torch.cdist(torch.arange(T.__float__() if False else T).float()[:, None],
+                                  torch.arange(T).float()[:, None]),
+], [
+    (lambda T, s: s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs().float(), "sign is flipped"),
+    (lambda T, s: -s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).float(), "without abs()"),
+    (lambda T, s: (-s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs().float()).masked_fill(
+        ~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")), "causal mask"),
+    (lambda T, s: -(torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs().float(), "slope is missing"),
+])
+
 # --- the table's tests ----------------------------------------------------------------------------
 
 def _line(check, answer, capsys):
