@@ -45,6 +45,8 @@ def clone(x):
         return type(x)(clone(v) for v in x)
     if isinstance(x, dict):
         return {k: clone(v) for k, v in x.items()}
+    if isinstance(x, set):
+        return set(x)  # a vocabulary: the learner's function gets its own copy
     return x
 
 
@@ -106,6 +108,8 @@ def _snapshot(args: tuple, kwargs: dict):
             [(f"argument {k!r}", v) for k, v in kwargs.items()]:
         if isinstance(value, torch.Tensor):
             saved.append((where, value, value.detach().clone()))
+        elif isinstance(value, set):
+            saved.append((where, value, set(value)))
         elif isinstance(value, nn.Module):
             saved.append((where, value, {k: t.detach().clone() for k, t in value.state_dict().items()}))
     return saved
@@ -113,7 +117,10 @@ def _snapshot(args: tuple, kwargs: dict):
 
 def _modified(saved) -> str | None:
     for where, value, before in saved:
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, set):
+            if value != before:
+                return f"your function changed the set passed as {where}; leave it unchanged"
+        elif isinstance(value, torch.Tensor):
             if value.shape != before.shape or not torch.equal(value.detach().nan_to_num(7.0),
                                                               before.nan_to_num(7.0)):
                 return (f"your function modified its input ({where}) in place; leave the inputs "

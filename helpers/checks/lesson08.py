@@ -24,7 +24,11 @@ def check_teacher_forcing(fn) -> CheckResult:
     bugs = [Bug("the two are swapped: the decoder reads tgt[:, :-1] and learns to predict tgt[:, 1:]",
                 lambda t: (t[:, 1:], t[:, :-1])),
             Bug("the decoder input must have T tokens, not T + 1: drop the last token, tgt[:, :-1]",
-                lambda t: (t, t[:, 1:]))]
+                lambda t: (t, t[:, 1:])),
+            Bug("the labels are not shifted: the decoder reads tgt[:, :-1] and must predict the NEXT token, "
+                "tgt[:, 1:]", lambda t: (t[:, :-1], t[:, :-1])),
+            Bug("the input keeps </s> and drops <s>: the decoder starts from <s>, so its input is tgt[:, :-1]",
+                lambda t: (t[:, 1:], t[:, 1:]))]
     return check("teacher_forcing", fn, _teacher_forcing, cases, bugs=bugs)
 
 
@@ -47,9 +51,17 @@ def check_decoder_self_mask(fn) -> CheckResult:
                 lambda t, p: (t != p)[:, None, None, :].expand(-1, 1, t.shape[1], -1)),
             Bug("polarity flipped: True must mean 'may attend'", lambda t, p: ~_decoder_self_mask(t, p)),
             # With right padding, hiding pads as queries only and as queries and keys give the same mask.
-            Bug("mask the pads only as keys, (tgt != pad_id)[:, None, None, :]: a pad's own row (its query) must "
-                "still see the real tokens before it, or that row is fully masked",
-                lambda t, p: torch.ones(t.shape[1], t.shape[1], dtype=torch.bool).tril() & (t != p)[:, None, :, None])]
+            Bug("you hid the pads as queries (rows); hide them as keys (columns) instead, with "
+                "(tgt != pad_id)[:, None, None, :]. A pad's own row must still see the real tokens before it, "
+                "or it is fully masked",
+                lambda t, p: torch.ones(t.shape[1], t.shape[1], dtype=torch.bool).tril() & (t != p)[:, None, :, None]),
+            Bug("triu keeps the upper triangle, the future: query t may see keys j <= t, the lower triangle, tril()",
+                lambda t, p: torch.ones(t.shape[1], t.shape[1], dtype=torch.bool).triu() & (t != p)[:, None, None, :]),
+            Bug("tril(-1) drops the diagonal: a token may attend to itself, so use tril() (diagonal 0)",
+                lambda t, p: torch.ones(t.shape[1], t.shape[1], dtype=torch.bool).tril(-1)
+                & (t != p)[:, None, None, :]),
+            Bug("the mask is (B, T, T): add the head axis, (B, 1, T, T), so that it broadcasts over the heads",
+                lambda t, p: _decoder_self_mask(t, p)[:, 0])]
     return check("decoder_self_mask", fn, _decoder_self_mask, cases, bugs=bugs)
 
 
@@ -109,7 +121,13 @@ def check_length_normalised_score(fn) -> CheckResult:
     bugs = [Bug("that divides by length ** alpha; Wu et al.'s penalty is ((5 + length) / 6) ** alpha",
                 lambda lp, n, a: lp / n ** a),
             Bug("the penalty multiplies; the log-probability is divided by ((5 + length) / 6) ** alpha",
-                lambda lp, n, a: lp * ((5 + n) / 6) ** a)]
+                lambda lp, n, a: lp * ((5 + n) / 6) ** a),
+            Bug("operator precedence: (5 + length) / 6 ** alpha raises only the 6 to alpha; bracket the "
+                "fraction, ((5 + length) / 6) ** alpha", lambda lp, n, a: lp / ((5 + n) / 6 ** a)),
+            Bug("operator precedence: log_prob / (5 + length) / 6 ** alpha divides twice; write "
+                "log_prob / ((5 + length) / 6) ** alpha", lambda lp, n, a: lp / (5 + n) / 6 ** a),
+            Bug("the constant is 5 + length, not 1 + length: ((5 + length) / 6) ** alpha",
+                lambda lp, n, a: lp / ((1 + n) / 6) ** a)]
     # rtol 1e-5: an answer computed in float32 (a tensor made from the Python float) passes, and a value
     # it rejects differs from the reference in the 6 significant digits that the message prints.
     return check("length_normalised_score", fn, _length_normalised_score, cases, bugs=bugs, atol=1e-9, rtol=1e-5)

@@ -212,12 +212,14 @@ def test_an_error_inside_then_or_adapt_is_one_line(rejects):
     def picky_adapt(got, expected):
         return got.double().float()  # fails on anything but a tensor
 
-    rejects(lambda fn: run(fn, adapt=picky_adapt), lambda x: [1, 2], "the check cannot read your answer (list of 2 items)")
+    rejects(lambda fn: run(fn, adapt=picky_adapt), lambda x: [1, 2],
+            "the check cannot read your answer (list of 2 items)")
 
 
 def test_a_string_answer_is_never_read_as_the_reason(rejects):
     rejects(lambda fn: run(fn, adapt=lambda got, expected: got), lambda x: "42", "got str '42'")
-    rejects(lambda fn: run(fn, adapt=lambda got, expected: checks.Reject("say why")), _double, "✗ double: on a (3, 4) tensor: say why")
+    rejects(lambda fn: run(fn, adapt=lambda got, expected: checks.Reject("say why")), _double,
+            "✗ double: on a (3, 4) tensor: say why")
 
 
 def test_tuples_of_the_wrong_length_say_both_lengths():

@@ -73,7 +73,7 @@ def test_decoder_self_mask_pads_as_queries(capsys):
 
     for wrong in (queries_only, queries_and_keys):  # the same mask on right-padded targets
         assert not check_decoder_self_mask(wrong)
-        assert "mask the pads only as keys" in capsys.readouterr().out
+        assert "you hid the pads as queries (rows)" in capsys.readouterr().out
     assert check_decoder_self_mask(lambda tgt, pad_id: causal(tgt) & (tgt != pad_id)[:, None, None, :])
     assert "✓ decoder_self_mask" in capsys.readouterr().out
 
@@ -98,7 +98,7 @@ def test_more_wrong_answers(accepts, rejects):
     rejects(check_decoder_self_mask, lambda t, p: ~right(t, p), "polarity flipped")
     rejects(check_decoder_self_mask, lambda t, p: (t != p)[:, None, None, :].expand(-1, 1, t.shape[1], -1),
             "the causal part is missing")
-    rejects(check_decoder_self_mask, lambda t, p: right(t, p)[:, 0], "shape")
+    rejects(check_decoder_self_mask, lambda t, p: right(t, p)[:, 0], "add the head axis")
 
     rejects(check_length_normalised_score, lambda lp, n, a: lp / n ** a, "divides by length ** alpha")
     rejects(check_length_normalised_score, lambda lp, n, a: lp * ((5 + n) / 6) ** a, "the penalty multiplies")

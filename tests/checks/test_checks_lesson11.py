@@ -52,7 +52,7 @@ def wordpiece(word, vocab):
 
 
 def test_wordpiece(accepts, rejects):
-    accepts(check_wordpiece, wordpiece, "✓ wordpiece: matches the reference on all 7 cases")
+    accepts(check_wordpiece, wordpiece, "✓ wordpiece: matches the reference on all 8 cases")
     accepts(check_wordpiece, lambda word, vocab: tuple(wordpiece(word, vocab)))  # a tuple of pieces is fine
     rejects(check_wordpiece, lambda word, vocab: None, "not implemented yet")
 
@@ -91,7 +91,7 @@ def test_wordpiece(accepts, rejects):
                 break
         return pieces
     rejects(check_wordpiece, keeps_known_pieces, '["[UNK]"] alone')
-    rejects(check_wordpiece, lambda word, vocab: " ".join(wordpiece(word, vocab)), "not a list of str")
+    rejects(check_wordpiece, lambda word, vocab: " ".join(wordpiece(word, vocab)), "return a list of strings")
     rejects(check_wordpiece, lambda word, vocab: wordpiece(word, vocab)[:-1] or ["[UNK]"],  # off by one
             "✗ wordpiece: on \"playing\"")
 

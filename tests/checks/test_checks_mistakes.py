@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from helpers import checks
 from helpers.attention import scaled_dot_product_attention
 from helpers.masks import causal_mask
+from helpers.positional import apply_rotary
 
 # check name: ([right answers, written two ways], [(wrong answer, words its line must contain), ...])
 TABLE = {}
@@ -490,7 +491,6 @@ def _leaks(f, x):
 
 
 def _leaks_jacobian(f, x):
-    T = x.shape[1]
     jac = torch.autograd.functional.jacobian(lambda z: f(z[None])[0], x[0])  # (T, C, T, C)
     influence = jac.abs().sum(dim=(1, 3))  # (T out, T in)
     return bool((influence.triu(1) > 1e-9).any())
@@ -544,13 +544,14 @@ def _shift(k, d):
 
 def _shift_block_diag(k, d):
     c, s = torch.cos(k * _omega(d)), torch.sin(k * _omega(d))
-    return torch.block_diag(*[torch.stack([torch.stack([ci, si]), torch.stack([-si, ci])]) for ci, si in zip(c, s)])
+    blocks = [torch.stack([torch.stack([ci, si]), torch.stack([-si, ci])]) for ci, si in zip(c, s, strict=True)]
+    return torch.block_diag(*blocks)  # one 2 x 2 rotation per frequency
 
 
 mistakes("check_shift_matrix", [_shift, lambda k, d: _shift_block_diag(k, d).float()], [
     (lambda k, d: _shift(k, d).T, "the transpose"),
-    (lambda k, d: _shift(k, d).T.contiguous() if False else checks.lesson06._shift_matrix_with(
-        k, d, 10000.0 ** (-torch.arange(d // 2, dtype=torch.float64) / d)), "10000^(-i/d_model)"),
+    (lambda k, d: checks.lesson06._shift_matrix_with(k, d, 10000.0 ** (-torch.arange(d // 2, dtype=torch.float64) / d)),
+     "10000^(-i/d_model)"),
     (checks.lesson06._half_split_shift, "(i, i + d_model/2)"),
 ])
 
@@ -602,14 +603,384 @@ mistakes("check_rotate_half", [_rotate_half, _rotate_half_complex], [
 
 mistakes("check_alibi_bias", [
     lambda T, s: -s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs().float(),
-    lambda T, s: -s * torch.cdist(torch.arange(T.__float__() if False else T).float()[:, None],
-                                  torch.arange(T).float()[:, None]),
+    lambda T, s: -s * torch.cdist(torch.arange(T).float()[:, None], torch.arange(T).float()[:, None]),
 ], [
     (lambda T, s: s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs().float(), "sign is flipped"),
     (lambda T, s: -s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).float(), "without abs()"),
     (lambda T, s: (-s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs().float()).masked_fill(
         ~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")), "causal mask"),
     (lambda T, s: -(torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs().float(), "slope is missing"),
+])
+
+# --- lesson 07 ------------------------------------------------------------------------------------
+
+mistakes("check_rms_norm", [
+    lambda x, g, eps=1e-6: g * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps),
+    lambda x, g, eps=1e-6: g * x * torch.rsqrt((x * x).sum(-1, keepdim=True) / x.shape[-1] + eps),
+], [
+    (lambda x, g, eps=1e-6: g * (x - x.mean(-1, keepdim=True)) / torch.sqrt(
+        x.var(-1, keepdim=True, unbiased=False) + eps), "that is LayerNorm"),
+    (lambda x, g, eps=1e-6: g * x / torch.sqrt(x.pow(2).mean(0, keepdim=True) + eps), "the wrong axis"),
+    (lambda x, g, eps=1e-6: g * x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps), "inside the square root"),
+])
+
+
+def _ffn(x, w1, b1, w2, b2):
+    return F.gelu(x @ w1.T + b1) @ w2.T + b2
+
+
+mistakes("check_feed_forward_gelu", [
+    _ffn,
+    lambda x, w1, b1, w2, b2: F.linear(torch.nn.GELU()(F.linear(x, w1, b1)), w2, b2),
+], [
+    (lambda x, w1, b1, w2, b2: F.relu(x @ w1.T + b1) @ w2.T + b2, "ReLU"),
+    (lambda x, w1, b1, w2, b2: (x @ w1.T + b1) @ w2.T + b2, "the activation is missing"),
+    (lambda x, w1, b1, w2, b2: F.gelu((x @ w1.T + b1) @ w2.T + b2), "after the second layer"),
+    (lambda x, w1, b1, w2, b2: F.gelu(x @ w1.T + b1, approximate="tanh") @ w2.T + b2, "tanh approximation"),
+])
+
+mistakes("check_deepnorm_sublayer", [
+    lambda x, s, n, a: n(a * x + s(x)),
+    lambda x, s, n, a: n(torch.add(s(x), x, alpha=a)),
+], [
+    (lambda x, s, n, a: n(x + a * s(x)), "alpha scales the sub-layer"),
+    (lambda x, s, n, a: n(x + s(x)), "alpha is ignored"),
+    (lambda x, s, n, a: a * x + s(n(x)), "Pre-LN style"),
+])
+
+
+def _rope(x, mha):
+    B, T, C = x.shape
+    H, D = mha.n_heads, C // mha.n_heads
+    q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in (mha.w_q(x), mha.w_k(x), mha.w_v(x)))
+    out = scaled_dot_product_attention(apply_rotary(q), apply_rotary(k), v)[0]
+    return mha.w_o(out.transpose(1, 2).reshape(B, T, C))
+
+
+def _rope_complex(x, mha):
+    B, T, C = x.shape
+    H, D = mha.n_heads, C // mha.n_heads
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, D, 2) / D)  # (T, D/2)
+    turn = torch.polar(torch.ones_like(angle), angle)  # (T, D/2)
+
+    def rope(t):  # (B, H, T, D) with pairs (2i, 2i + 1) as complex numbers
+        z = torch.view_as_complex(t.double().reshape(B, H, T, D // 2, 2).contiguous())
+        return torch.view_as_real(z * turn).reshape(B, H, T, D).float()
+
+    q, k, v = (t.reshape(B, T, H, D).permute(0, 2, 1, 3) for t in (mha.w_q(x), mha.w_k(x), mha.w_v(x)))
+    w = torch.softmax(rope(q) @ rope(k).mT / D ** 0.5, -1)
+    return mha.w_o((w @ v).permute(0, 2, 1, 3).reshape(B, T, C)), w
+
+
+def _rope_with(rotate=(True, True, False), before_split=False, project_out=True):
+    return lambda x, mha: checks.lesson07._rope_attention(x, mha, rotate, before_split, project_out)
+
+
+mistakes("check_rope_attention", [_rope, _rope_complex], [
+    (lambda x, mha: mha(x, x, x)[0], "no rotation at all"),
+    (_rope_with(rotate=(True, True, True)), "rotated the values too"),
+    (_rope_with(rotate=(True, False, False)), "only the queries"),
+    (_rope_with(rotate=(False, True, False)), "only the keys"),
+    (_rope_with(before_split=True), "before splitting the heads"),
+    (_rope_with(project_out=False), "output projection is missing"),
+    (checks.lesson07._half_split_rope, "pairs feature i with i + D/2"),
+])
+
+
+def _swiglu(x, wg, wu, wd):
+    return (F.silu(x @ wg.T) * (x @ wu.T)) @ wd.T
+
+
+mistakes("check_swiglu", [
+    _swiglu,
+    lambda x, wg, wu, wd: F.linear(F.linear(x, wg) * torch.sigmoid(F.linear(x, wg)) * F.linear(x, wu), wd),
+], [
+    (lambda x, wg, wu, wd: (torch.sigmoid(x @ wg.T) * (x @ wu.T)) @ wd.T, "sigmoid"),
+    (lambda x, wg, wu, wd: (F.silu(x @ wu.T) * (x @ wg.T)) @ wd.T, "applied to the up branch"),
+    (lambda x, wg, wu, wd: (F.gelu(x @ wg.T) * (x @ wu.T)) @ wd.T, "GELU"),
+    (lambda x, wg, wu, wd: ((x @ wg.T) * (x @ wu.T)) @ wd.T, "activation is missing"),
+    (lambda x, wg, wu, wd: F.silu(x @ wg.T) @ wd.T, "the up branch is missing"),
+    (lambda x, wg, wu, wd: F.silu((x @ wg.T) * (x @ wu.T)) @ wd.T, "after the product"),
+])
+
+
+# --- lesson 08 ------------------------------------------------------------------------------------
+
+mistakes("check_teacher_forcing", [
+    lambda t: (t[:, :-1], t[:, 1:]),
+    lambda t: (t.narrow(1, 0, t.shape[1] - 1), t.narrow(1, 1, t.shape[1] - 1)),
+], [
+    (lambda t: (t[:, 1:], t[:, :-1]), "the two are swapped"),
+    (lambda t: (t, t[:, 1:]), "must have T tokens"),
+    (lambda t: (t[:, :-1], t[:, :-1]), "the labels are not shifted"),
+    (lambda t: (t[:, 1:], t[:, 1:]), "keeps </s> and drops <s>"),
+])
+
+
+def _self_mask(t, p):
+    return causal_mask(t.shape[1]) & (t != p)[:, None, None, :]
+
+
+def _self_mask_loop(t, p):
+    B, T = t.shape
+    m = torch.zeros(B, 1, T, T, dtype=torch.bool)
+    for b in range(B):
+        for i in range(T):
+            for j in range(i + 1):
+                m[b, 0, i, j] = bool(t[b, j] != p)
+    return m
+
+
+def _tri(t, p, tri):
+    return tri(torch.ones(t.shape[1], t.shape[1], dtype=torch.bool)) & (t != p)[:, None, None, :]
+
+
+mistakes("check_decoder_self_mask", [_self_mask, _self_mask_loop], [
+    (lambda t, p: causal_mask(t.shape[1]).expand(t.shape[0], 1, -1, -1), "the padding is missing"),
+    (lambda t, p: (t != p)[:, None, None, :].expand(-1, 1, t.shape[1], -1), "the causal part is missing"),
+    (lambda t, p: ~_self_mask(t, p), "polarity flipped"),
+    (lambda t, p: causal_mask(t.shape[1]) & (t != p)[:, None, :, None], "you hid the pads as queries"),
+    (lambda t, p: _tri(t, p, torch.triu), "triu keeps the upper triangle"),
+    (lambda t, p: _tri(t, p, lambda m: m.tril(-1)), "tril(-1) drops the diagonal"),
+    (lambda t, p: _self_mask(t, p)[:, 0], "add the head axis"),
+])
+
+
+def _greedy(lg, ys, f, e, p):
+    best = torch.where(f, torch.full_like(ys[:, 0], p), lg.argmax(-1))
+    return torch.cat((ys, best[:, None]), 1), f | (best == e)
+
+
+def _greedy_in_place(lg, ys, f, e, p):
+    best = lg.argmax(dim=1)
+    best[f] = p
+    return torch.hstack([ys, best.unsqueeze(1)]), torch.logical_or(f, best.eq(e))
+
+
+mistakes("check_greedy_step", [_greedy, _greedy_in_place], [
+    (lambda lg, ys, f, e, p: (torch.cat((ys, lg.argmax(-1)[:, None]), 1), f | (lg.argmax(-1) == e)),
+     "must only grow pad_id"),
+    (lambda lg, ys, f, e, p: (_greedy(lg, ys, f, e, p)[0], _greedy(lg, ys, f, e, p)[0][:, -1] == e),
+     "must stay True once set"),
+    (lambda lg, ys, f, e, p: (_greedy(lg, ys, f, e, p)[0], f), "returned unchanged"),
+    (lambda lg, ys, f, e, p: (torch.cat((_greedy(lg, ys, f, e, p)[0][:, -1:], ys), 1),
+                              _greedy(lg, ys, f, e, p)[1]), "not in front"),
+    (lambda lg, ys, f, e, p: _greedy(lg, ys, f, e, p)[::-1], "in that order"),
+])
+
+mistakes("check_length_normalised_score", [
+    lambda lp, n, a: lp / ((5 + n) / 6) ** a,
+    lambda lp, n, a: lp * (6 / (5 + n)) ** a,
+], [
+    (lambda lp, n, a: lp / n ** a, "divides by length ** alpha"),
+    (lambda lp, n, a: lp * ((5 + n) / 6) ** a, "the penalty multiplies"),
+    (lambda lp, n, a: lp / (5 + n) / 6 ** a, "precedence"),
+    (lambda lp, n, a: lp / ((5 + n) / 6 ** a), "precedence"),
+    (lambda lp, n, a: lp / ((1 + n) / 6) ** a, "not 1 + length"),
+])
+
+
+def _smoothed(lg, lb, e, p):
+    return F.cross_entropy(lg.transpose(1, 2), lb, ignore_index=p, label_smoothing=e)
+
+
+def _smoothed_by_hand(lg, lb, e, p):
+    logp = torch.log_softmax(lg, -1)
+    loss = -(1 - e) * logp.gather(-1, lb[..., None])[..., 0] - e * logp.mean(-1)
+    return loss[lb != p].mean()
+
+
+mistakes("check_label_smoothed_loss", [_smoothed, _smoothed_by_hand], [
+    (lambda lg, lb, e, p: F.cross_entropy(lg.transpose(1, 2), lb, label_smoothing=e), "the pads are counted"),
+    (lambda lg, lb, e, p: checks.lesson08._smoothed_by_hand(lg, lb, e, p, others=True), "V - 1 wrong classes"),
+    (lambda lg, lb, e, p: F.cross_entropy(lg.transpose(1, 2), lb, ignore_index=p), "eps is ignored"),
+    (lambda lg, lb, e, p: checks.lesson08._smoothed_by_hand(lg, lb, e, p, per_row=True), "each sentence's mean"),
+])
+
+
+# --- lesson 09 ------------------------------------------------------------------------------------
+
+mistakes("check_kv_cache_bytes", [
+    lambda n, B, H, L, D, b: 2 * n * B * H * L * D * b,
+    lambda n, B, H, L, D, b: math.prod((2, n, B, H, L, D, b)),
+], [
+    (lambda n, B, H, L, D, b: n * B * H * L * D * b, "both the keys and the values"),
+    (lambda n, B, H, L, D, b: 2 * B * H * L * D * b, "every layer caches"),
+    (lambda n, B, H, L, D, b: 2 * n * B * H * L * D, "elements, not bytes"),
+])
+
+
+def _kept(T, w, d):
+    return sum(min(w, t // d + 1) for t in range(T))
+
+
+def _kept_closed(T, w, d):
+    full = max(0, T - (w - 1) * d)  # queries that see all w keys
+    return full * w + sum(min(w, t // d + 1) for t in range(min(T, (w - 1) * d)))
+
+
+mistakes("check_kept_pairs", [_kept, _kept_closed], [
+    (lambda T, w, d: w * T, "that is window * T"),
+    (lambda T, w, d: w * T - w * (w - 1) // 2, "sliding-window count"),
+    (lambda T, w, d: w * T - d * w * (w - 1) // 2, "assumes T >= (window-1)*dilation"),
+    (lambda T, w, d: int(checks.lesson09.dilated_mask(T, w, d).sum()), "as much as a (T, T) mask"),
+])
+
+
+def _global(T, w, g):
+    s = torch.arange(T)
+    causal = s[None, :] <= s[:, None]
+    return causal & ((s[:, None] - s[None, :] < w) | (s[None, :] < g))
+
+
+mistakes("check_global_window_mask", [
+    _global, lambda T, w, g: checks.lesson09._global_window(T, w, g),
+], [
+    (lambda T, w, g: ~_global(T, w, g), "True and False are swapped"),
+    (lambda T, w, g: checks.lesson09.sliding_window_mask(T, w) | (torch.arange(T)[None, :] < g).expand(T, T),
+     "sees a later global token"),
+    (lambda T, w, g: _global(T, w + 1, g), "one too wide"),
+    (lambda T, w, g: checks.lesson09.sliding_window_mask(T, w) | ((torch.arange(T)[:, None] < g) & causal_mask(T)),
+     "global tokens are rows"),
+])
+
+
+def _local(q, k, v, window):
+    T = q.shape[2]
+    out = torch.empty_like(q)
+    for start in range(0, T, window):
+        end, lo = min(start + window, T), max(0, start - window + 1)
+        t = torch.arange(start, end)[:, None]
+        s = torch.arange(lo, end)[None, :]
+        mask = (s <= t) & (t - s < window)
+        out[:, :, start:end] = scaled_dot_product_attention(q[:, :, start:end], k[:, :, lo:end], v[:, :, lo:end],
+                                                             mask)[0]
+    return out
+
+
+def _local_per_query(q, k, v, window):
+    outs = []
+    for t in range(q.shape[2]):
+        lo = max(0, t - window + 1)
+        outs.append(scaled_dot_product_attention(q[:, :, t:t + 1], k[:, :, lo:t + 1], v[:, :, lo:t + 1])[0])
+    return torch.cat(outs, dim=2)
+
+
+mistakes("check_local_attention", [_local, _local_per_query], [
+    (lambda q, k, v, w: checks.lesson09._local_reference(q, k, v, w + 1), "window - 1 keys before it"),
+    (lambda q, k, v, w: scaled_dot_product_attention(q, k, v)[0], "the mask is missing"),
+    (checks.lesson09._blocks_without_mask, "queries see later keys of their own block"),
+    (lambda q, k, v, w: checks.lesson09._local_reference(q, k, v, w), "at least one full (T, T) score matrix"),
+])
+
+
+# --- lesson 11 ------------------------------------------------------------------------------------
+
+def _pool(h, m):
+    w = m[..., None].to(h.dtype)
+    return (h * w).sum(1) / w.sum(1)
+
+
+mistakes("check_mean_pool", [
+    _pool,
+    lambda h, m: torch.stack([h[b][m[b]].mean(0) for b in range(h.shape[0])]),
+], [
+    (lambda h, m: h.mean(1), "averaged in"),
+    (lambda h, m: (h * m[..., None]).sum(1) / h.shape[1], "divided by L"),
+    (lambda h, m: F.normalize(_pool(h, m), dim=-1), "normalised to unit length"),
+    (lambda h, m: (h * m[..., None]).sum(-1) / m.sum(-1, keepdim=True), "over the features"),
+])
+
+
+def _wordpiece(word, vocab):
+    pieces, start = [], 0
+    while start < len(word):
+        for end in range(len(word), start, -1):
+            piece = word[start:end] if start == 0 else "##" + word[start:end]
+            if piece in vocab:
+                pieces.append(piece)
+                start = end
+                break
+        else:
+            return ["[UNK]"]
+    return pieces
+
+
+def _wordpiece_recursive(word, vocab, prefix=""):
+    if not word:
+        return []
+    for end in range(len(word), 0, -1):
+        if prefix + word[:end] in vocab:
+            rest = _wordpiece_recursive(word[end:], vocab, "##")
+            return ["[UNK]"] if rest == ["[UNK]"] else [prefix + word[:end]] + rest
+    return ["[UNK]"]
+
+
+def _wordpiece_shortest(word, vocab):
+    return checks.lesson11._wordpiece(word, vocab, longest_first=False)
+
+
+mistakes("check_wordpiece", [_wordpiece, _wordpiece_recursive], [
+    (_wordpiece_shortest, "shortest known piece"),
+    (lambda word, vocab: checks.lesson11._wordpiece(word, vocab, prefix=""), 'without "##"'),
+    (lambda word, vocab: checks.lesson11._wordpiece(word, vocab, keep_found=True), "pieces found so far"),
+    (checks.lesson11._wordpiece_backtracking, "backtracks"),
+    (lambda word, vocab: " ".join(_wordpiece(word, vocab)), "return a list of strings"),
+])
+
+
+def _previous(w):
+    i = torch.arange(1, w.shape[-1])
+    return w[:, i, i - 1].mean(-1)
+
+
+mistakes("check_previous_token_score", [
+    _previous,
+    lambda w: torch.diagonal(w, offset=-1, dim1=1, dim2=2).mean(dim=1),
+], [
+    (lambda w: w.diagonal(dim1=-2, dim2=-1).mean(-1), "on itself"),
+    (lambda w: w.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1), "next token"),
+    (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / w.shape[-1], "divided by T"),
+    (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[:, 1:].mean(-1), "starts at i = 2"),
+])
+
+
+def _rank(query, corpus):
+    return (F.normalize(corpus, dim=-1) @ F.normalize(query, dim=0)).argsort(descending=True)
+
+
+mistakes("check_rank_by_cosine", [
+    _rank,
+    lambda query, corpus: sorted(range(len(corpus)), key=lambda i: -float(F.cosine_similarity(corpus[i], query, 0))),
+], [
+    (lambda query, corpus: (corpus @ query).argsort(descending=True), "dot product"),
+    (lambda query, corpus: _rank(query, corpus).flip(0), "least similar first"),
+    (lambda query, corpus: F.cosine_similarity(corpus, query[None], -1).sort(descending=True).values,
+     "not the similarities"),
+    (lambda query, corpus: _rank(query, corpus).argsort(), "the rank of each row"),
+])
+
+
+def _pad(lists, pad_id):
+    L = max(map(len, lists))
+    ids = torch.tensor([r + [pad_id] * (L - len(r)) for r in lists])
+    mask = torch.tensor([[True] * len(r) + [False] * (L - len(r)) for r in lists])
+    return ids, mask
+
+
+def _pad_sequence(lists, pad_id):
+    rows = [torch.tensor(r, dtype=torch.long) for r in lists]
+    ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad_id)
+    lengths = torch.tensor([len(r) for r in lists])
+    return ids, torch.arange(ids.shape[1])[None, :] < lengths[:, None]
+
+
+mistakes("check_pad_batch", [_pad, _pad_sequence], [
+    (lambda lists, p: (_pad(lists, p)[0], ~_pad(lists, p)[1]), "polarity is flipped"),
+    (lambda lists, p: checks.lesson11._pad_batch(lists, p, left=True), "on the left"),
+    (lambda lists, p: (_pad(lists, p)[0], _pad(lists, p)[0] != p), "ids != pad_id"),
+    (lambda lists, p: (_pad(lists, 0)[0], _pad(lists, p)[1]), "whatever pad_id is"),
+    (lambda lists, p: (_pad(lists, p)[0], _pad(lists, p)[1].long()), "dtype torch.bool"),
 ])
 
 # --- the table's tests ----------------------------------------------------------------------------
@@ -634,3 +1005,20 @@ def test_right_answers_pass_and_each_mistake_is_named(name, capsys):
         ok, line = _line(check, wrong, capsys)
         assert not ok and line.startswith("✗"), line
         assert words in line, f"expected {words!r} in: {line}"
+
+
+def test_every_exercise_check_but_lesson_10s_is_in_the_table():
+    names = {name for name in dir(checks) if name.startswith("check_") and not name.startswith("check_predict")
+             and name != "check_prediction" and getattr(checks, name).__module__ != "helpers.checks.lesson10"}
+    assert names == set(TABLE), (names - set(TABLE), set(TABLE) - names)
+
+
+def test_at_most_one_rejection_in_ten_is_generic(capsys):
+    """Over every wrong answer of the table, the share of lines that only say "values differ" or the like."""
+    generic = total = 0
+    for name, (_, wrongs) in TABLE.items():
+        for wrong, _ in wrongs:
+            _, line = _line(getattr(checks, name), wrong, capsys)
+            total += 1
+            generic += any(g in line for g in GENERIC) and not any(w in line for _, w in wrongs)
+    assert total >= 150 and generic <= total // 10, (generic, total)
