@@ -175,6 +175,8 @@ def compare(got, expected, atol: float | dict = 1e-5, rtol: float = 1e-4):
             return f"expected a tensor, got {describe(got)}"
         if got.device.type == "meta":
             return "your function returned a meta tensor, which holds no values: compute on the inputs' device"
+        if got.is_complex() and not expected.is_complex():
+            return f"your function returned a complex tensor ({describe(got)}); the answer is real"
         if tuple(got.shape) != tuple(expected.shape):
             return f"shape {tuple(got.shape)}, but the reference gives {tuple(expected.shape)}"
         got = got.detach().to(expected.device)
