@@ -5,7 +5,7 @@ line: ``✓`` (all cases match), ``…`` (a stub that returns None) or ``✗`` w
 On each case it also rejects an answer that modifies its inputs in place, returns something
 other than a tensor of the reference's dtype, or fails on the same inputs laid out
 non-contiguously; when a wrong answer equals a known bug on every case, the bug's message names
-the mistake.
+the mistake. Whatever the learner's function returns or raises ends in one ✗ line, never a traceback.
 """
 
 from __future__ import annotations
@@ -354,7 +354,7 @@ def _then(name, then, fn):
     except _Stop:
         raise
     except Exception as err:
-        raise _Stop(f"✗ {name}: all cases match, but on a larger input your function raised "
+        raise _Stop(f"✗ {name}: all cases match, but on the extra test that follows them your function raised "
                     f"{type(err).__name__}: {err}") from None
 
 

@@ -207,7 +207,8 @@ def test_an_error_inside_then_or_adapt_is_one_line(rejects):
         return 2 * x
 
     rejects(lambda fn: run(fn, then=lambda f: (f(torch.ones(100)) is not None, "")), right_on_small_inputs,
-            "✗ double: all cases match, but on a larger input your function raised MemoryError: too big")
+            "✗ double: all cases match, but on the extra test that follows them your function raised MemoryError: "
+            "too big")
 
     def picky_adapt(got, expected):
         return got.double().float()  # fails on anything but a tensor
