@@ -936,6 +936,7 @@ mistakes("check_rank_by_cosine", [
     (lambda query, corpus: F.cosine_similarity(corpus, query[None], -1).sort(descending=True).values,
      "not the similarities"),
     (lambda query, corpus: _rank(query, corpus).argsort(), "the rank of each row"),
+    (lambda query, corpus: F.cosine_similarity(corpus, query[None], -1).sort(descending=True), "return its .indices"),
 ])
 
 
