@@ -4,7 +4,7 @@ A stub that returns None is reported as "not implemented yet", never as a crash.
 each lesson live in ``helpers/checks/lessonNN.py``; all of them are importable from here.
 """
 
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, compare
+from helpers.checks._core import Bug, Case, CheckResult, Reject, check, check_prediction, compare
 from helpers.checks.basics import check_attention, check_softmax
 from helpers.checks.lesson00 import *  # noqa: F403
 from helpers.checks.lesson01 import *  # noqa: F403

@@ -5,7 +5,7 @@ line: ``✓`` (all cases match), ``…`` (a stub that returns None) or ``✗`` w
 On each case it also rejects an answer that modifies its inputs in place, returns something
 other than a tensor of the reference's dtype, or fails on the same inputs laid out
 non-contiguously; when a wrong answer equals a known bug on every case, the bug's message names
-the mistake.
+the mistake. Whatever the learner's function returns or raises ends in one ✗ line, never a traceback.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def clone(x):
         return type(x)(clone(v) for v in x)
     if isinstance(x, dict):
         return {k: clone(v) for k, v in x.items()}
+    if isinstance(x, set):
+        return set(x)  # a vocabulary: the learner's function gets its own copy
     return x
 
 
@@ -68,9 +70,35 @@ def non_contiguous(x):
     return x
 
 
+class Reject(str):
+    """What an ``adapt`` step returns to reject an answer: the reason, worded for the learner (lesson 00).
+
+    A plain string from ``adapt`` is the learner's own answer passed through (``"42"``), never a reason.
+    """
+
+
+def describe(x) -> str:
+    """A short description of any answer: its type, and the dtype, shape and device of a tensor (lesson 00)."""
+    if isinstance(x, torch.Tensor):
+        where = f" on the {x.device.type} device" if x.device.type != "cpu" else ""
+        return f"Tensor of dtype {str(x.dtype).removeprefix('torch.')} and shape {tuple(x.shape)}{where}"
+    if isinstance(x, (tuple, list)):
+        return f"{type(x).__name__} of {len(x)} item{'s' if len(x) != 1 else ''}"
+    if isinstance(x, str):
+        return f"str {x[:30]!r}"
+    if isinstance(x, numbers.Number):
+        return f"{type(x).__name__} {x!r}"
+    if hasattr(x, "shape") and hasattr(x, "dtype"):  # a numpy array
+        return f"{type(x).__name__} of dtype {x.dtype} and shape {tuple(x.shape)}"
+    return type(x).__name__
+
+
 def first_output(got, expected):
     """Accept either ``out`` or ``(out, weights)`` from the learner; keep the output (lesson 02)."""
-    return got[0] if isinstance(got, (tuple, list)) else got
+    if isinstance(got, (tuple, list)) and not isinstance(expected, (tuple, list)):
+        return got[0] if len(got) in (1, 2) else Reject(
+            f"return the output (or the pair (output, weights)), got {describe(got)}")
+    return got
 
 
 def _snapshot(args: tuple, kwargs: dict):
@@ -80,6 +108,8 @@ def _snapshot(args: tuple, kwargs: dict):
             [(f"argument {k!r}", v) for k, v in kwargs.items()]:
         if isinstance(value, torch.Tensor):
             saved.append((where, value, value.detach().clone()))
+        elif isinstance(value, set):
+            saved.append((where, value, set(value)))
         elif isinstance(value, nn.Module):
             saved.append((where, value, {k: t.detach().clone() for k, t in value.state_dict().items()}))
     return saved
@@ -87,7 +117,10 @@ def _snapshot(args: tuple, kwargs: dict):
 
 def _modified(saved) -> str | None:
     for where, value, before in saved:
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, set):
+            if value != before:
+                return f"your function changed the set passed as {where}; leave it unchanged"
+        elif isinstance(value, torch.Tensor):
             if value.shape != before.shape or not torch.equal(value.detach().nan_to_num(7.0),
                                                               before.nan_to_num(7.0)):
                 return (f"your function modified its input ({where}) in place; leave the inputs "
@@ -102,7 +135,7 @@ def _modified(saved) -> str | None:
 def _first_reason(got, expected, reason_of) -> str | None:
     """``reason_of`` applied to each result of a tuple answer; the first reason found, or None."""
     if not isinstance(got, (tuple, list)) or len(got) != len(expected):
-        return f"expected a tuple of {len(expected)} results, got {type(got).__name__}"
+        return f"expected a tuple of {len(expected)} results, got {describe(got)}"
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):
         reason = reason_of(g, e)
         if reason:
@@ -116,7 +149,9 @@ def _type_reason(got, expected) -> str | None:
         return _first_reason(got, expected, _type_reason)
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor):
-            return f"return a torch.Tensor (dtype {expected.dtype}), got {type(got).__name__}"
+            return f"return a torch.Tensor (dtype {expected.dtype}), got {describe(got)}"
+        if got.device.type == "meta":
+            return "your function returned a meta tensor, which holds no values: compute on the inputs' device"
         if got.dtype != expected.dtype:
             return f"return dtype {expected.dtype}, got {got.dtype}"
         return None
@@ -124,7 +159,7 @@ def _type_reason(got, expected) -> str | None:
         return None if isinstance(got, bool) else f"return True or False, got {type(got).__name__}"
     if isinstance(expected, numbers.Integral):
         if isinstance(got, bool) or not isinstance(got, numbers.Integral):
-            return f"return an int, got {type(got).__name__} {got!r}"
+            return f"return an int, got {describe(got)}"
     return None
 
 
@@ -137,10 +172,14 @@ def compare(got, expected, atol: float | dict = 1e-5, rtol: float = 1e-4):
         return _first_reason(got, expected, lambda g, e: compare(g, e, atol, rtol))
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor):
-            return f"expected a tensor, got {type(got).__name__}"
+            return f"expected a tensor, got {describe(got)}"
+        if got.device.type == "meta":
+            return "your function returned a meta tensor, which holds no values: compute on the inputs' device"
+        if got.is_complex() and not expected.is_complex():
+            return f"your function returned a complex tensor ({describe(got)}); the answer is real"
         if tuple(got.shape) != tuple(expected.shape):
             return f"shape {tuple(got.shape)}, but the reference gives {tuple(expected.shape)}"
-        got = got.detach()
+        got = got.detach().to(expected.device)
         if expected.dtype == torch.bool or not expected.is_floating_point():
             if not torch.equal(got.to(expected.dtype), expected):
                 wrong = (got.to(expected.dtype) != expected).sum().item()
@@ -155,15 +194,27 @@ def compare(got, expected, atol: float | dict = 1e-5, rtol: float = 1e-4):
             return f"values differ from the reference (largest difference {diff:.3g})"
         return None
     if isinstance(expected, float):
+        if isinstance(got, (str, bytes)):
+            return f"expected a number, got {describe(got)}"
         try:
             value = float(got)
-        except (TypeError, ValueError, RuntimeError):
-            return f"expected a number, got {type(got).__name__}"
+        except (TypeError, ValueError, RuntimeError, NotImplementedError):
+            return f"expected a number, got {describe(got)}"
         tol = atol[torch.float64] if isinstance(atol, dict) else atol
         if math.isnan(value) or abs(value - expected) > tol + rtol * abs(expected):
             return f"got {value:.6g}, expected {expected:.6g}"
         return None
-    return None if got == expected else f"got {got!r}, expected {expected!r}"
+    try:
+        same = bool(got == expected)
+    except Exception:  # e.g. a tensor compared with a tuple
+        same = False
+    return None if same else f"got {_short(got)}, expected {expected!r}"
+
+
+def _short(x) -> str:
+    """``repr`` for short answers, a description for long ones (tensors, long lists)."""
+    text = repr(x) if not isinstance(x, torch.Tensor) or x.numel() <= 8 else describe(x)
+    return text if len(text) <= 80 else describe(x)
 
 
 class CheckResult:
@@ -192,29 +243,59 @@ def _call(fn, args, kwargs, where):
     except NotImplementedError:
         return None
     except Exception as err:  # the learner's bug is the message, not a crash of the check
-        raise _Stop(f"✗ on {where}, your function raised {type(err).__name__}: {err}") from None
+        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        hint = ""
+        if "view size is not compatible" in text:
+            hint = " (view needs contiguous memory: use reshape, or call .contiguous() first)"
+        raise _Stop(f"✗ on {where}, your function raised {type(err).__name__}: {text[:200]}{hint}") from None
+
+
+def _adapted(adapt, got, expected, where):
+    """``adapt(got, expected)``; an error inside it (an answer it cannot read) becomes the check's line."""
+    if adapt is None:
+        return got
+    try:
+        return adapt(got, expected)
+    except _Stop:
+        raise
+    except Exception:
+        raise _Stop(f"✗ on {where}: the check cannot read your answer ({describe(got)})") from None
+
+
+_RAISED = object()  # an answer that raised on a case
+
+
+def _answer(f, case):
+    try:
+        return f(*clone(case.args), **clone(case.kwargs))
+    except Exception:
+        return _RAISED
 
 
 def _known_bug(fn, cases, bugs, atol, rtol, adapt) -> str | None:
-    """The message of the first bug that reproduces the learner's answer on every case, if any."""
-    answers = []
-    for case in cases:
-        try:
-            got = fn(*clone(case.args), **clone(case.kwargs))
-        except Exception:  # an answer that crashes somewhere is no known bug
-            return None
-        answers.append(got)
+    """The message of the first bug that reproduces the learner's answer on every case, if any.
+
+    A bug reproduces an answer when it returns the same on every case where the answer returns,
+    and raises where the answer raises (a slip such as W instead of W.T fails only on some shapes).
+    """
+    answers = [_answer(fn, case) for case in cases]
+    if all(a is _RAISED for a in answers):
+        return None
     for bug in bugs:
         try:
             for case, got in zip(cases, answers, strict=True):
-                wrong = bug.fn(*clone(case.args), **clone(case.kwargs))
+                wrong = _answer(bug.fn, case)
+                if (got is _RAISED) != (wrong is _RAISED):
+                    break
+                if got is _RAISED:
+                    continue
                 if adapt is not None:
                     got = adapt(got, wrong)
-                if compare(got, wrong, atol, rtol) is not None:
+                if isinstance(got, Reject) or compare(got, wrong, atol, rtol) is not None:
                     break
             else:
                 return bug.message
-        except Exception:  # a bug that does not apply to these inputs
+        except Exception:  # an answer adapt cannot read
             continue
     return None
 
@@ -226,23 +307,29 @@ def _run_case(name, fn, reference_fn, case, cases, bugs, atol, rtol, adapt, stri
     got = _call(fn, args, kwargs, case.name)
     if got is None:
         raise _Stop(f"… {name}: not implemented yet (your function returned None)")
+    if isinstance(got, Reject):  # a check's own wrapper of the learner's function rejected the answer
+        raise _Stop(f"✗ {name}: on {case.name}: {got}")
     modified = _modified(saved)
     if modified:
         raise _Stop(f"✗ {name}: on {case.name}: {modified}")
     expected = reference_fn(*clone(case.args), **clone(case.kwargs))
     bug_atol, bug_rtol = bug_tolerance or (atol, rtol)
-    if adapt is not None:
-        got = adapt(got, expected)
-        if isinstance(got, str) and not isinstance(expected, str):  # a known bug's message comes first
+    raw, got = got, _adapted(adapt, got, expected, case.name)
+    try:
+        if isinstance(got, Reject):  # a known bug's message comes first
             raise _Stop(f"✗ {name}: on {case.name}: "
                         f"{_known_bug(fn, cases, bugs, bug_atol, bug_rtol, adapt) or got}")
-    reason = _type_reason(got, expected) if strict_types else None
-    if reason is None:
-        reason = compare(got, expected, atol, rtol)
-        if reason is not None:
+        reason = _type_reason(got, expected) if strict_types else None
+        if reason is None:
+            reason = compare(got, expected, atol, rtol)
+        if reason is not None:  # a known bug's message names the mistake, even one of the wrong type
             reason = _known_bug(fn, cases, bugs, bug_atol, bug_rtol, adapt) or reason
-    if reason is None and validate is not None:
-        reason = validate(got, case)
+        if reason is None and validate is not None:
+            reason = validate(got, case)
+    except _Stop:
+        raise
+    except Exception:  # an answer of a kind no step above foresaw: name it, never a traceback
+        raise _Stop(f"✗ {name}: on {case.name}: the check cannot read your answer ({describe(raw)})") from None
     if reason is not None:
         raise _Stop(f"✗ {name}: on {case.name}: {reason}")
     tensors = [a for a in list(case.args) + list(case.kwargs.values()) if isinstance(a, torch.Tensor)]
@@ -251,11 +338,24 @@ def _run_case(name, fn, reference_fn, case, cases, bugs, atol, rtol, adapt, stri
         other = _call(fn, non_contiguous(clone(case.args)), non_contiguous(clone(case.kwargs)), where)
         if other is None:
             raise _Stop(f"✗ {name}: on {where}: your function returned None")
-        if adapt is not None:
-            other = adapt(other, expected)
-        reason = compare(other, expected, atol, rtol)
+        other = _adapted(adapt, other, expected, where)
+        try:
+            reason = other if isinstance(other, Reject) else compare(other, expected, atol, rtol)
+        except Exception:
+            reason = f"the check cannot read your answer ({describe(other)})"
         if reason is not None:
             raise _Stop(f"✗ {name}: on {where}: {reason}")
+
+
+def _then(name, then, fn):
+    """Run the extra step after all cases; whatever the learner's function raises there becomes the line."""
+    try:
+        return then(fn)
+    except _Stop:
+        raise
+    except Exception as err:
+        raise _Stop(f"✗ {name}: all cases match, but on the extra test that follows them your function raised "
+                    f"{type(err).__name__}: {err}") from None
 
 
 def check(name: str, fn, reference_fn, cases, *, bugs=(), atol: float | dict = 1e-5, rtol: float = 1e-4,
@@ -265,15 +365,16 @@ def check(name: str, fn, reference_fn, cases, *, bugs=(), atol: float | dict = 1
 
     ``bugs``: known mistakes (``Bug``), whose message replaces the generic reason when the answer
     equals one of them on every case. ``adapt(got, expected)`` may reshape the learner's
-    answer first (or return a string, the reason to reject it). ``strict_types``: a tensor of the
+    answer first (or return a ``Reject``, the reason to reject it). ``strict_types``: a tensor of the
     reference's dtype, an int where it gives an int. ``layouts``: also run every case with
     non-contiguous tensors. ``validate(got, case)`` may return an extra reason; ``then(fn)``,
     run once all cases pass, returns ``(ok, text)``: the reason of failure, or what follows the
     success line. ``matches`` words the success line: ``✓ name: {matches} on all N cases``.
     ``bug_tolerance``: ``(atol, rtol)`` for matching a known bug, when it must be looser than the check's.
+    Nothing the learner's function returns or raises escapes as a traceback: it ends in one ✗ line.
     """
     if not callable(fn):
-        print(f"✗ {name}: expected a function, got {type(fn).__name__}")
+        print(f"✗ {name}: expected a function, got {describe(fn)}")
         return CheckResult(False)
     try:
         for case in cases:
@@ -281,7 +382,7 @@ def check(name: str, fn, reference_fn, cases, *, bugs=(), atol: float | dict = 1
                       bug_tolerance)
         line = f"✓ {name}: {matches} on all {len(cases)} cases"
         if then is not None:
-            ok, text = then(fn)
+            ok, text = _then(name, then, fn)
             if not ok:
                 raise _Stop(f"✗ {name}: {text}")
             line += text
@@ -326,6 +427,24 @@ def _number(x) -> str:
     return f"{int(x):,}" if float(x).is_integer() and 1e4 <= abs(x) < 1e15 else f"{x:.4g}"
 
 
+def _as_number(x) -> float | Reject:
+    """A prediction as a float: Python and numpy numbers, fractions, one-element tensors; else the reason."""
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1 or x.dtype == torch.bool or x.is_complex() or x.device.type == "meta":
+            return Reject(f"the prediction must be one number, got {describe(x)}")
+        x = x.detach().cpu().reshape(()).item()
+    elif type(x).__module__ == "numpy" and getattr(x, "size", 0) == 1 and hasattr(x, "item"):
+        x = x.item()  # a numpy scalar or one-element array
+    if isinstance(x, str):
+        return Reject(f"the prediction must be a finite number, not a string: write it without quotes (got {x[:30]!r})")
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return Reject(f"the prediction must be a finite number, got {describe(x)}")
+    value = float(x)
+    if not math.isfinite(value):
+        return Reject(f"the prediction must be a finite number, got {x!r}")
+    return value
+
+
 def check_prediction(name: str, predicted, measure: Callable[[], float], what: str,
                      rel_tol: float = 0.0, abs_tol: float = 0.0) -> CheckResult:
     """Compare a number the learner wrote down before running with a measurement; print one line (lesson 01).
@@ -336,9 +455,11 @@ def check_prediction(name: str, predicted, measure: Callable[[], float], what: s
     if predicted is None or predicted is ...:
         print(f"… {name}: write your prediction first (a number in place of None)")
         return CheckResult(False)
-    if isinstance(predicted, bool) or not isinstance(predicted, numbers.Real) or not math.isfinite(predicted):
-        print(f"✗ {name}: the prediction must be a finite number, got {predicted!r}")
+    value = _as_number(predicted)
+    if isinstance(value, Reject):
+        print(f"✗ {name}: {value}")
         return CheckResult(False)
+    predicted = value
     measured = float(measure())
     margin = max(abs_tol, rel_tol * abs(measured))
     if abs(predicted - measured) <= margin:

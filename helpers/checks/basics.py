@@ -22,7 +22,11 @@ def check_softmax(fn) -> CheckResult:
     bugs = [Bug("exp overflows for large logits: subtract the row max before exp",
                 lambda x: torch.exp(x) / torch.exp(x).sum(dim=-1, keepdim=True)),
             Bug("your softmax runs over the first dimension: normalise over the last one (dim=-1)",
-                lambda x: torch.softmax(x, dim=0))]
+                lambda x: torch.softmax(x, dim=0)),
+            Bug("you divide by the sum over the whole tensor: each row is normalised by its own sum, "
+                "sum(dim=-1, keepdim=True)", lambda x: torch.exp(x - x.max()) / torch.exp(x - x.max()).sum()),
+            Bug("the max is subtracted only in the numerator: exp(x - m) / sum(exp(x - m)) needs it in both",
+                lambda x: torch.exp(x - x.amax(-1, keepdim=True)) / torch.exp(x).sum(-1, keepdim=True))]
     return check("softmax", fn, lambda x: softmax(x, dim=-1), cases, bugs=bugs)
 
 
@@ -42,6 +46,10 @@ def check_attention(fn) -> CheckResult:
     bugs = [Bug("your answer has no 1/sqrt(D) scaling of the scores",
                 lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v),
             Bug("your softmax runs over the queries (dim -2): each query's row of weights must sum to 1",
-                lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-2) @ v)]
+                lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-2) @ v),
+            Bug("the scores are divided by D: the scaling is 1 / sqrt(D)",
+                lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1], dim=-1) @ v),
+            Bug("your answer returns the weights: return the output, weights @ v (and the weights second, if "
+                "you like)", lambda q, k, v: scaled_dot_product_attention(q, k, v)[1])]
     return check("attention", fn, lambda q, k, v: scaled_dot_product_attention(q, k, v)[0],
                  cases, bugs=bugs, adapt=first_output)

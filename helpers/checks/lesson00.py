@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers.checks._core import Bug, Case, CheckResult, check
+from helpers.checks._core import Bug, Case, CheckResult, Reject, check
 
 __all__ = ["check_split_heads", "check_merge_heads", "check_scores_shape"]
 
@@ -27,7 +27,13 @@ def check_split_heads(fn) -> CheckResult:
                   (torch.randn(1, 5, 6, generator=torch.Generator().manual_seed(0)), 3))]
     bugs = [Bug("the values are in the wrong places: view(B, T, H, D) first, then transpose(1, 2); "
                 "viewing straight to (B, H, T, D) mixes tokens and features",
-                lambda x, h: x.reshape(x.shape[0], h, x.shape[1], x.shape[2] // h))]
+                lambda x, h: x.reshape(x.shape[0], h, x.shape[1], x.shape[2] // h)),
+            Bug("the transpose is missing: view(B, T, H, D) gives (B, T, H, D); transpose(1, 2) makes it (B, H, T, D)",
+                lambda x, h: x.view(x.shape[0], x.shape[1], h, x.shape[2] // h)),
+            Bug("H and D are swapped in the view: view(B, T, H, D), then transpose(1, 2)",
+                lambda x, h: x.reshape(x.shape[0], x.shape[1], x.shape[2] // h, h).transpose(1, 2)),
+            Bug("the result is (B, H, D, T): transpose(1, 2) swaps T and H; transposing the last two axes "
+                "as well puts D before T", lambda x, h: _split(x, h).transpose(-2, -1))]
     return check("split_heads", fn, _split, cases, bugs=bugs)
 
 
@@ -38,7 +44,12 @@ def check_merge_heads(fn) -> CheckResult:
     cases = [Case("the output of split_heads(x (2, 3, 8), 2), made contiguous", (_split(x, 2),)),
              Case("the output of split_heads(x (2, 3, 8), 4), made contiguous", (_split(x, 4),))]
     bugs = [Bug("the transpose is missing: move H back next to D with transpose(1, 2) before merging",
-                lambda x: x.reshape(x.shape[0], x.shape[2], -1))]
+                lambda x: x.reshape(x.shape[0], x.shape[2], -1)),
+            Bug("the heads are merged in the wrong order: transpose(1, 2) gives (B, T, H, D), so each token's "
+                "features are head 0's D, then head 1's; a transpose of the last two axes mixes D and H",
+                lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1)),
+            Bug("the result is (B, H * D, T) or another order: the merged shape is (B, T, H * D)",
+                lambda x: _merge(x).transpose(1, 2))]
     return check("merge_heads", fn, _merge, cases, bugs=bugs)
 
 
@@ -47,8 +58,16 @@ def check_scores_shape(fn) -> CheckResult:
     cases = [Case("B=2, H=4, T=3, S=5", (2, 4, 3, 5)), Case("B=1, H=8, T=7, S=7", (1, 8, 7, 7))]
 
     def as_tuple(got, expected):
+        if isinstance(got, torch.Tensor) and got.dim() == 4:
+            return Reject("return the shape (a tuple of 4 ints), not a tensor of that shape: use tuple(...) or .shape")
         return tuple(got) if isinstance(got, (tuple, list, torch.Size)) else got
 
     bugs = [Bug("T and S are swapped: each row of the scores is one query and each column one key, "
-                "so the shape is (B, H, T, S), not (B, H, S, T)", lambda B, H, T, S: (B, H, S, T))]
+                "so the shape is (B, H, T, S), not (B, H, S, T)", lambda B, H, T, S: (B, H, S, T)),
+            Bug("the head axis is missing: every head has its own scores, so the shape is (B, H, T, S)",
+                lambda B, H, T, S: (B, T, S)),
+            Bug("H comes second: the heads were moved next to the batch by transpose(1, 2), so the shape is "
+                "(B, H, T, S), not (B, T, H, S)", lambda B, H, T, S: (B, T, H, S)),
+            Bug("the last axis counts the keys, S: the scores are (B, H, T, S), which is (B, H, T, T) only "
+                "in self-attention", lambda B, H, T, S: (B, H, T, T))]
     return check("scores_shape", fn, lambda B, H, T, S: (B, H, T, S), cases, bugs=bugs, adapt=as_tuple)

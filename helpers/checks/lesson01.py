@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction
+from helpers.checks._core import Bug, Case, CheckResult, Reject, check, check_prediction, describe
 
 __all__ = ["check_additive_scores", "check_attention_read", "check_input_gradient_norms",
            "check_alignment_accuracy", "check_predict_vanishing"]
@@ -37,7 +37,13 @@ def check_additive_scores(fn) -> CheckResult:
     bugs = [Bug("the tanh is missing: the score is v^T tanh(W s + U h_j + b)",
                 lambda s, h, W, U, b, v: ((s @ W.T)[:, None, :] + h @ U.T + b) @ v),
             Bug("W and U are used untransposed: W has shape (A, Dq), so W s is s @ W.T",
-                lambda s, h, W, U, b, v: torch.tanh((s @ W)[:, None, :] + h @ U + b) @ v)]
+                lambda s, h, W, U, b, v: torch.tanh((s @ W)[:, None, :] + h @ U + b) @ v),
+            Bug("the bias b is missing: the score is v^T tanh(W s + U h_j + b)",
+                lambda s, h, W, U, b, v: torch.tanh((s @ W.T)[:, None, :] + h @ U.T) @ v),
+            Bug("the product with v is missing: summing tanh(...) over A weighs every unit by 1; use @ v",
+                lambda s, h, W, U, b, v: torch.tanh((s @ W.T)[:, None, :] + h @ U.T + b).sum(-1)),
+            Bug("those are the weights, softmax(scores): return the raw scores; the softmax comes in exercise 2",
+                lambda s, h, W, U, b, v: torch.softmax(_additive_scores(s, h, W, U, b, v), dim=-1))]
     return check("additive_scores", fn, _additive_scores, cases, bugs=bugs)
 
 
@@ -51,6 +57,8 @@ def check_attention_read(fn) -> CheckResult:
     g = torch.Generator().manual_seed(1)
     full = torch.ones(1, 4, dtype=torch.bool)
     padded = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    pad_wins = torch.randn(2, 5, generator=g)
+    pad_wins[1, 3:] = 1e3  # the padded positions of row 1 hold by far the largest scores
     cases = [
         Case("B=1, S=4, no padding (mask all True; a batch of one)",
              (torch.randn(1, 4, generator=g), torch.randn(1, 4, 3, generator=g), full)),
@@ -58,11 +66,28 @@ def check_attention_read(fn) -> CheckResult:
              (torch.randn(2, 5, generator=g), torch.randn(2, 5, 3, generator=g), padded)),
         Case("scores of size 1e3 with padding (a naive exp overflows)",
              (torch.randn(2, 5, generator=g) * 1e3, torch.randn(2, 5, 3, generator=g), padded)),
+        Case("the padded positions of row 1 hold the largest scores (1e3)",
+             (pad_wins, torch.randn(2, 5, 3, generator=g), padded)),
     ]
+
+    def max_over_all(s, h, m):  # a hand-written stable softmax whose max also sees the padded scores
+        e = torch.exp(s - s.max(dim=-1, keepdim=True).values) * m
+        w = e / e.sum(dim=-1, keepdim=True)
+        return (w[:, None, :] @ h)[:, 0], w
+
+    def zero_fill(s, h, m):  # padded scores set to 0, not -inf: they still get weight
+        return _attention_read(s.masked_fill(~m, 0.0), h, torch.ones_like(m))
+
     bugs = [Bug("the padded positions still get weight: set their scores to -inf before the softmax",
                 lambda s, h, m: _attention_read(s, h, torch.ones_like(m))),
             Bug("the mask's polarity is flipped: True means a real position that may be read",
-                lambda s, h, m: _attention_read(s, h, ~m))]
+                lambda s, h, m: _attention_read(s, h, ~m)),
+            Bug("your row max also sees the padded scores: when a pad holds the largest score, every real "
+                "exp(score - max) underflows to 0 and 0 / 0 gives NaN; take the max over the real positions "
+                "(fill the pads with -inf first)", max_over_all),
+            Bug("the padded scores are set to 0, which still gets weight exp(0): set them to -inf", zero_fill),
+            Bug("the two results are swapped: return (context, weights)",
+                lambda s, h, m: _attention_read(s, h, m)[::-1])]
     return check("attention_read", fn, _attention_read, cases, bugs=bugs)
 
 
@@ -71,6 +96,12 @@ def _input_gradient_norms(rnn, x):
     out, _ = rnn(x[None])  # (1, L, C) -> (1, L, hidden)
     out[0, -1].sum().backward()  # the loss reads only the last state
     return x.grad.norm(dim=-1)  # (L, C) -> (L,)
+
+
+def _grad(rnn, x, position=-1):
+    x = x.detach().clone().requires_grad_(True)
+    rnn(x[None])[0][0, position].sum().backward()
+    return x.grad  # (L, C)
 
 
 def check_input_gradient_norms(fn) -> CheckResult:
@@ -88,6 +119,9 @@ def check_input_gradient_norms(fn) -> CheckResult:
     def learner(rnn, x):
         rnn.zero_grad(set_to_none=True)
         got = fn(rnn, x)
+        if got is not None and (x.requires_grad or x.grad is not None):
+            return Reject("your function set requires_grad on the caller's x, so x.grad adds up over calls "
+                          "(a second call returns twice the norms): work on x.detach().clone().requires_grad_(True)")
         return got.detach() if isinstance(got, torch.Tensor) else got
 
     def all_states(rnn, x):
@@ -96,7 +130,13 @@ def check_input_gradient_norms(fn) -> CheckResult:
         return x.grad.norm(dim=-1)
 
     bugs = [Bug("the loss must read only the last state out[:, -1]; yours sums every state",
-                all_states)]
+                all_states),
+            Bug("that is the squared norm: take x.grad.norm(dim=-1), the square root of the sum of squares",
+                lambda rnn, x: _input_gradient_norms(rnn, x) ** 2),
+            Bug("the norm runs over the positions: take it over each input's features, norm(dim=-1), "
+                "one number per position", lambda rnn, x: _grad(rnn, x).norm(dim=0)),
+            Bug("the loss reads the first state out[:, 0]; the exercise's loss is the sum of the LAST state",
+                lambda rnn, x: _grad(rnn, x, position=0).norm(dim=-1))]
     return check("input_gradient_norms", learner, _input_gradient_norms, cases, bugs=bugs, atol=1e-9,
                  rtol=1e-4)
 
@@ -116,8 +156,13 @@ def check_alignment_accuracy(fn) -> CheckResult:
     perfect = torch.flip(torch.eye(4), dims=[1])[None]  # (1, 4, 4): output i on input 3 - i
     noisy = torch.softmax(torch.randn(2, 6, 5, generator=g) * 3, dim=-1)  # (B, T, S)
     noisy[1, :, 3:] = 0.0  # row 1 has length 3: its padded source positions get no weight
+    padded_perfect = torch.zeros(2, 5, 5)  # (B, T, S): perfect reversals of lengths 3 and 5
+    padded_perfect[0, :3, :3] = torch.flip(torch.eye(3), dims=[1])
+    padded_perfect[1] = torch.flip(torch.eye(5), dims=[1])
     cases = [
         Case("one perfect reversal alignment of length 4", (perfect, torch.tensor([4]))),
+        Case("perfect reversals of lengths 3 and 5, padded to S=5 (the answer is 1.0)",
+             (padded_perfect, torch.tensor([3, 5]))),
         Case("random weights, lengths [5, 3] (only outputs i < length count)", (noisy, torch.tensor([5, 3]))),
         Case("lengths [2, 3] with rows for padded outputs that must be ignored",
              (noisy, torch.tensor([2, 3]))),
@@ -131,7 +176,7 @@ def check_alignment_accuracy(fn) -> CheckResult:
         if isinstance(got, np.generic):
             got = got.item()  # a numpy scalar such as np.float32 -> a Python number
         return float(got) if isinstance(got, numbers.Real) and not isinstance(got, bool) else \
-            f"return a number (a fraction between 0 and 1), got {type(got).__name__}"
+            Reject(f"return a number (a fraction between 0 and 1), got {describe(got)}")
 
     def padded_target(w, n):  # output i compared with S - 1 - i (the padded width) instead of L - 1 - i
         hits = total = 0
@@ -145,7 +190,19 @@ def check_alignment_accuracy(fn) -> CheckResult:
     def per_batch_mean(w, n):  # the mean of the per-sequence accuracies, not the fraction of all outputs
         return sum(_alignment_accuracy(w[b:b + 1], n[b:b + 1]) for b in range(len(n))) / len(n)
 
-    bugs = [Bug("that is the mean of the sequences' accuracies; count the hits over all real outputs "
+    def wrong_axis(w, n):  # for each source position the most attending output, not the reverse
+        hits = total = 0
+        for b, L in enumerate(n.tolist()):
+            best = w[b, :L, :L].argmax(dim=0)  # (L,) argmax over the outputs (queries)
+            hits += (best == torch.arange(L - 1, -1, -1)).sum().item()
+            total += L
+        return hits / total
+
+    bugs = [Bug("your argmax runs over the outputs (dim -2): each output row picks the source position it "
+                "attends to most, weights[b, i].argmax() over the keys (dim -1)", wrong_axis),
+            Bug("that is a percentage: return the fraction between 0 and 1",
+                lambda w, n: 100 * _alignment_accuracy(w, n)),
+            Bug("that is the mean of the sequences' accuracies; count the hits over all real outputs "
                 "together (longer sequences weigh more)", per_batch_mean),
             Bug("the target of output i is lengths[b] - 1 - i, from each sequence's own length, not from the "
                 "padded width S", padded_target)]

@@ -7,7 +7,7 @@ import math
 import torch
 
 from helpers.attention import softmax
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, randn
+from helpers.checks._core import Bug, Case, CheckResult, Reject, check, check_prediction, describe, randn
 from helpers.device import peak_memory
 
 __all__ = ["check_log_softmax", "check_softmax_backward", "check_temperature_for_entropy",
@@ -28,6 +28,12 @@ def check_log_softmax(fn) -> CheckResult:
             lambda x: torch.log(torch.softmax(x, dim=-1))),
         Bug("exp(x) overflows for large logits: subtract the row max before exp",
             lambda x: x - torch.log(torch.exp(x).sum(dim=-1, keepdim=True))),
+        Bug("the max is subtracted inside exp but not outside: log_softmax(x) = (x - m) - log(sum(exp(x - m)))",
+            lambda x: x - torch.log(torch.exp(x - x.amax(-1, keepdim=True)).sum(-1, keepdim=True))),
+        Bug("your sum runs over the first dimension: normalise over the last one (dim=-1)",
+            lambda x: torch.log_softmax(x, dim=0)),
+        Bug("that is the softmax, not its log: log_softmax(x) = x - max - log(sum(exp(x - max)))",
+            lambda x: torch.softmax(x, dim=-1)),
     ]
     return check("log_softmax", fn, lambda x: torch.log_softmax(x, dim=-1), cases, bugs=bugs)
 
@@ -84,6 +90,15 @@ class _Reached(float):
         return reached
 
 
+def _solve_tau(scores, target: float) -> float:
+    """The temperature whose softmax(scores / tau) has the target entropy, by bisection on log tau."""
+    lo, hi = -12.0, 12.0  # log tau: the entropy grows with tau
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if float(_entropy(softmax(scores / math.exp(mid)))) < target else (lo, mid)
+    return math.exp((lo + hi) / 2)
+
+
 def check_temperature_for_entropy(fn) -> CheckResult:
     """Check ``temperature_for_entropy(scores, target) -> tau``: the entropy tau gives is target +- 1e-3 (lesson 03)."""
     g = torch.Generator().manual_seed(7)
@@ -96,7 +111,10 @@ def check_temperature_for_entropy(fn) -> CheckResult:
     ]
     atol = 1e-3
     bugs = [Bug("the entropy must be in nats (natural log), not bits: use torch.log, not torch.log2",
-                lambda scores, target: target * math.log(2))]  # target bits are target * ln 2 nats
+                lambda scores, target: target * math.log(2)),  # target bits are target * ln 2 nats
+            Bug("your tau works the other way round: the weights are softmax(scores / tau), so a larger tau "
+                "flattens them (you returned 1 / tau)",
+                lambda scores, target: float(_entropy(softmax(scores * _solve_tau(scores, target)))))]
 
     def entropy_reached(scores, target):
         tau = fn(scores, target)
@@ -105,16 +123,17 @@ def check_temperature_for_entropy(fn) -> CheckResult:
         if isinstance(tau, torch.Tensor) and tau.numel() == 1:
             tau = tau.item()
         if isinstance(tau, bool) or not isinstance(tau, (int, float)):
-            raise TypeError(f"return the temperature as a number, got {type(tau).__name__}")
+            return Reject(f"return the temperature as a number, got {describe(tau)}")
         if not tau > 0.0:
-            raise ValueError(f"a temperature must be positive, got tau = {tau}")
+            return Reject(f"a temperature must be positive, got tau = {tau}")
         return _Reached(float(_entropy(softmax(scores / tau))), float(tau))
 
     def say_tau(got, expected):
         # the engine would print "got 0.693, expected 1", which reads like a tau: name tau and entropy apart
         if not isinstance(got, _Reached) or abs(got - expected) <= atol:
             return got
-        return f"your tau = {got.tau:.6g} gives entropy {float(got):.6g} nats; the target is {expected:.6g} nats"
+        return Reject(f"your tau = {got.tau:.6g} gives entropy {float(got):.6g} nats; the target is "
+                      f"{expected:.6g} nats")
 
     return check("temperature_for_entropy", entropy_reached, lambda scores, target: float(target),
                  cases, bugs=bugs, atol=atol, rtol=0.0, adapt=say_tau)

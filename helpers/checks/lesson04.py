@@ -9,7 +9,7 @@ from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
 from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, first_output, randn, torch_calls
 
 __all__ = ["check_mha_param_count", "check_split_qkv", "check_grouped_query_attention", "check_pattern_mass",
-           "check_predict_head_params"]
+           "check_predict_weights_ratio"]
 
 
 
@@ -66,11 +66,19 @@ def check_split_qkv(fn) -> CheckResult:
         B, T, C = x.shape
         return tuple(t.reshape(B, h, T, C // h) for t in F.linear(x, w, b).split(C, dim=-1))
 
+    def heads_first(x, w, b, h):  # GPT-style (B, T, H, 3D) chunking of a weight stacked as [W_Q; W_K; W_V]
+        B, T, C = x.shape
+        qkv = F.linear(x, w, b).view(B, T, h, 3 * (C // h)).transpose(1, 2)  # (B, H, T, 3D)
+        return tuple(qkv.chunk(3, dim=-1))
+
     bugs = [Bug("q, k, v must be split off the last axis first ((B, T, 3C) -> 3 x (B, T, C)), then "
                 "viewed as (B, T, H, D) and transposed; reshaping straight to (B, H, T, D) mixes tokens",
                 no_transpose),
             Bug("the bias is missing: project with F.linear(x, in_proj_weight, in_proj_bias)",
-                lambda x, w, b, h: split_qkv_reference(x, w, None, h))]
+                lambda x, w, b, h: split_qkv_reference(x, w, None, h)),
+            Bug("you split the heads before cutting q, k, v: the last axis of (B, T, 3C) holds all C query "
+                "features, then all keys, then all values; cut with split(C, dim=-1) first, then split the heads",
+                heads_first)]
     return check("split_qkv", fn, split_qkv_reference, cases, bugs=bugs)
 
 
@@ -99,7 +107,12 @@ def check_grouped_query_attention(fn) -> CheckResult:
         return scaled_dot_product_attention(q, k.repeat(1, H // G, 1, 1), v.repeat(1, H // G, 1, 1))[0]
 
     bugs = [Bug("heads are matched to groups as h % G (repeat): query head h uses group h // (H / G), "
-                "so consecutive heads share a group (repeat_interleave)", tiled)]
+                "so consecutive heads share a group (repeat_interleave)", tiled),
+            Bug("every query head uses key/value group 0: repeat each of the G groups H / G times "
+                "(repeat_interleave), do not broadcast the first one",
+                lambda q, k, v: scaled_dot_product_attention(q, k[:, :1], v[:, :1])[0]),
+            Bug("the groups are averaged into one key/value head: keep all G, each repeated H / G times",
+                lambda q, k, v: scaled_dot_product_attention(q, k.mean(1, keepdim=True), v.mean(1, keepdim=True))[0])]
     return check("grouped_query_attention", fn, grouped_query_attention_reference, cases, bugs=bugs,
                  adapt=first_output)
 
@@ -129,17 +142,30 @@ def check_pattern_mass(fn) -> CheckResult:
     bugs = [Bug("rows where the pattern has no True must be left out of the mean, not counted as 0",
                 lambda w, p: (w * p).sum(dim=-1).mean(dim=(0, 2))),
             Bug("the mean runs over the heads: return one number per head, averaged over batch and queries",
-                lambda w, p: (w * p).sum(dim=-1)[..., p.any(dim=-1)].mean(dim=(1, 2)))]
+                lambda w, p: (w * p).sum(dim=-1)[..., p.any(dim=-1)].mean(dim=(1, 2))),
+            Bug("that is a sum over the queries and the batch: average them (mean), so a perfect head scores 1",
+                lambda w, p: (w * p).sum(dim=-1)[..., p.any(dim=-1)].sum(dim=(0, 2))),
+            Bug("the mass is averaged over the keys: sum it over the keys of the pattern (dim -1), then average "
+                "over queries and batch", lambda w, p: (w * p).mean(dim=-1)[..., p.any(dim=-1)].mean(dim=(0, 2)))]
     return check("pattern_mass", fn, pattern_mass_reference, cases, bugs=bugs)
 
 
-def _head_params_difference() -> float:
-    def count(n_heads):
-        return sum(p.numel() for p in MultiHeadAttention(64, n_heads).parameters())
-    return float(count(8) - count(1))
+def _weights_ratio() -> float:
+    """Numbers in the attention weights of MultiHeadAttention(64, 8) over those of (64, 1), same input."""
+    x = torch.randn(2, 10, 64, generator=torch.Generator().manual_seed(0))  # (B, T, C)
+
+    def weights(n_heads):
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(0)
+            return MultiHeadAttention(64, n_heads)(x, x, x)[1]  # (B, H, T, T)
+    return weights(8).numel() / weights(1).numel()
 
 
-def check_predict_head_params(predicted) -> CheckResult:
-    """Predict then measure: how many more parameters MultiHeadAttention(64, 8) has than (64, 1) (lesson 04)."""
-    return check_prediction("predict_head_params", predicted, _head_params_difference,
-                            "difference in parameters", abs_tol=0.5)
+def check_predict_weights_ratio(predicted) -> CheckResult:
+    """Predict then measure: how many times more attention weights 8 heads produce than 1 head, C=64 (lesson 04).
+
+    The nearest plausible wrong answers are 1 (the parameters and the arithmetic do not change with H)
+    and 1/8; a margin of 0.5 tells each apart from 8.
+    """
+    return check_prediction("predict_weights_ratio", predicted, _weights_ratio,
+                            "ratio of attention-weight counts (8 heads / 1 head)", abs_tol=0.5)

@@ -6,7 +6,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, torch_calls
+from helpers.checks._core import Bug, Case, CheckResult, Reject, check, check_prediction, describe, torch_calls
 from helpers.masks import causal_mask, padding_mask
 
 __all__ = ["check_causal_mask", "check_padding_mask", "check_masked_attention", "check_mha_masks",
@@ -59,6 +59,11 @@ def check_padding_mask(fn) -> CheckResult:
          lambda ids, pad_id: ids != pad_id),
         Bug("shape (B, 1, S, 1) masks queries, not keys: put the S axis last, (B, 1, 1, S)",
          lambda ids, pad_id: (ids != pad_id)[:, None, :, None]),
+        Bug("you compare with 0 whatever pad_id is: use ids != pad_id",
+         lambda ids, pad_id: (ids != 0)[:, None, None, :]),
+        Bug("the mask comes from the first pad onwards: mark each position by its own id, ids != pad_id "
+            "(left-padded rows start with pads)",
+         lambda ids, pad_id: (torch.cumsum(ids == pad_id, dim=-1) == 0)[:, None, None, :]),
     ]
     return check("padding_mask", fn, _from_ids, cases, bugs=bugs)
 
@@ -109,8 +114,29 @@ class _HugeNegativeExp(TorchFunctionMode):
 
 def check_masked_attention(fn) -> CheckResult:
     """Check ``masked_attention(q, k, v, mask) -> (out, weights)``, True = may attend, no NaN (lesson 05)."""
+    def by_hand(q, k, v, mask, max_over="allowed", guard=True, renormalise=True):
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # (..., T, S)
+        mask = mask.expand_as(scores)
+        top = torch.where(mask, scores, torch.finfo(scores.dtype).min) if max_over == "allowed" else scores
+        e = torch.where(mask, torch.exp(scores - top.amax(-1, keepdim=True)), 0.0)
+        w = e / (e.sum(-1, keepdim=True).clamp_min(1e-30) if guard else e.sum(-1, keepdim=True)) \
+            if renormalise else torch.softmax(scores, -1) * mask
+        return w @ v, w
+
     bugs = [Bug("polarity flipped: True in the mask must mean 'may attend'",
-              lambda q, k, v, mask: scaled_dot_product_attention(q, k, v, ~mask))]
+              lambda q, k, v, mask: scaled_dot_product_attention(q, k, v, ~mask)),
+            Bug("a fully masked row gives 0 / 0 = NaN when you renormalise: divide only where the row sum is "
+                "above 0 (such a row's weights and output are 0)",
+                lambda q, k, v, mask: by_hand(q, k, v, mask, guard=False)),
+            Bug("two traps: a fully masked row gives 0 / 0 = NaN, and your max includes the blocked scores, so "
+                "when a blocked score is far larger the allowed weights underflow to 0; take the max over the "
+                "allowed scores and divide only where the row sum is above 0",
+                lambda q, k, v, mask: by_hand(q, k, v, mask, max_over="all", guard=False)),
+            Bug("your max includes the blocked scores: when a blocked score is far larger, every allowed "
+                "exp underflows to 0; subtract the max over the allowed scores only",
+                lambda q, k, v, mask: by_hand(q, k, v, mask, max_over="all")),
+            Bug("the rows are not renormalised: after zeroing the blocked weights, divide each row by its new sum",
+                lambda q, k, v, mask: by_hand(q, k, v, mask, renormalise=False))]
 
     def way_2(fn):  # the exercise asks for way 2: softmax, zero the blocked weights, renormalise
         case = _attention_cases()[2]
@@ -141,7 +167,9 @@ def check_mha_masks(fn) -> CheckResult:
     """Check ``to_torch_mha_masks(causal (T, S), padding (B, 1, 1, S)) -> (attn_mask, key_padding_mask)``
     for nn.MultiheadAttention, where True = blocked (lesson 05)."""
     cases = [Case("T=4, lengths [4, 2]", (causal_mask(4), padding_mask([4, 2], 4))),
-             Case("T=3, lengths [1, 3, 2]", (causal_mask(3), padding_mask([1, 3, 2], 3)))]
+             Case("T=3, lengths [1, 3, 2]", (causal_mask(3), padding_mask([1, 3, 2], 3))),
+             Case("a batch of one: T=5, lengths [3] (key_padding_mask must stay (1, S))",
+                  (causal_mask(5), padding_mask([3], 5)))]
     bugs = [
         Bug("the masks still have the course's polarity: nn.MultiheadAttention reads True as 'blocked'",
          lambda c, p: (c, p[:, 0, 0, :])),
@@ -149,6 +177,12 @@ def check_mha_masks(fn) -> CheckResult:
          lambda c, p: (~c, p[:, 0, 0, :])),
         Bug("key_padding_mask is right, attn_mask still has the course's polarity (True = may attend)",
          lambda c, p: (c, ~p[:, 0, 0, :])),
+        Bug("squeeze() also drops the batch axis when B = 1: take padding[:, 0, 0, :] to keep (B, S)",
+         lambda c, p: (~c, ~p.squeeze())),
+        Bug("key_padding_mask must be (B, S): take padding[:, 0, 0, :] (or flatten the two middle axes away)",
+         lambda c, p: (~c, ~p)),
+        Bug("the two masks are swapped: return (attn_mask, key_padding_mask)",
+         lambda c, p: _to_torch(c, p)[::-1]),
     ]
     return check("mha_masks", fn, _to_torch, cases, bugs=bugs)
 
@@ -182,6 +216,11 @@ def _leak_cases():
         out[:, 1] = out[:, 1] + x[:, 3]
         return out
 
+    def late_leak(x):  # only output T - 2 reads the last input: a detector must test t = T - 2
+        out = x.clone()
+        out[:, -2] = out[:, -2] + x[:, -1]
+        return out
+
     def running_mean(x):
         return x.cumsum(1) / torch.arange(1, x.shape[1] + 1)[None, :, None]
 
@@ -191,7 +230,9 @@ def _leak_cases():
             Case("f = every position adds the LAST input (leaks from far ahead)",
                  (lambda x: x + x[:, -1:], x)),
             Case("f = only output 1 reads input 3 (a leak through one early position)", (one_early_leak, x)),
-            Case("f = attention with the transposed causal mask (leaks)", (attend(causal_mask(T).T), x))]
+            Case("f = attention with the transposed causal mask (leaks)", (attend(causal_mask(T).T), x)),
+            Case("f = only output T-2 reads the last input (a leak into the last position that has a future)",
+                 (late_leak, x))]
 
 
 def check_leaks_future(fn) -> CheckResult:
@@ -201,8 +242,26 @@ def check_leaks_future(fn) -> CheckResult:
         changed[:, -1] = changed[:, -1] + 1.0
         return not torch.allclose(f(changed)[:, :-1], f(x)[:, :-1], atol=1e-6)
 
+    def first_output_only(f, x):  # compares only output 0 after changing every later input
+        changed = x.clone()
+        changed[:, 1:] = changed[:, 1:] + 1.0
+        return not torch.allclose(f(changed)[:, 0], f(x)[:, 0], atol=1e-6)
+
+    def stops_early(f, x):  # range(T - 2): never tests t = T - 2
+        base = f(x)
+        for t in range(x.shape[1] - 2):
+            changed = x.clone()
+            changed[:, t + 1:] = changed[:, t + 1:] + 1.0
+            if not torch.allclose(f(changed)[:, : t + 1], base[:, : t + 1], atol=1e-6):
+                return True
+        return False
+
     bugs = [Bug("your detector misses a leak from an input before the last one: for every t, change "
-                "all inputs after t and compare outputs 0..t", last_input_only)]
+                "all inputs after t and compare outputs 0..t", last_input_only),
+            Bug("your detector compares only output 0: a leak into a later output (output 1 reading input 3) "
+                "goes unseen; for every t, change the inputs after t and compare outputs 0..t", first_output_only),
+            Bug("your detector never tests t = T - 2, the last position that has a future: loop over "
+                "t in range(T - 1)", stops_early)]
     return check("leaks_future", fn, _leaks, _leak_cases(), bugs=bugs, adapt=_as_bool)
 
 
@@ -212,7 +271,7 @@ def _as_bool(got, expected):
         return bool(got)
     if isinstance(got, bool) or type(got).__name__ == "bool_":
         return bool(got)
-    return f"return True or False, got {type(got).__name__} {got!r}"
+    return Reject(f"return True or False, got {describe(got)}")
 
 
 def _causal_fraction(T: int = 10) -> float:

@@ -24,6 +24,20 @@ def _shift_matrix(k, d_model):
     return m.float()
 
 
+def _shift_matrix_with(k, d_model, omega):
+    c, s = torch.cos(k * omega), torch.sin(k * omega)  # (C/2,) each
+    m = torch.zeros(d_model, d_model, dtype=torch.float64)
+    m[0::2, 0::2], m[0::2, 1::2] = torch.diag(c), torch.diag(s)
+    m[1::2, 0::2], m[1::2, 1::2] = torch.diag(-s), torch.diag(c)
+    return m.float()
+
+
+def _half_split_shift(k, d_model):
+    """The same rotations laid out for pairs (i, i + C/2) instead of (2i, 2i + 1)."""
+    order = torch.cat((torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)))  # (C,)
+    return _shift_matrix(k, d_model)[order][:, order]
+
+
 def _distance_scores(length, d_model, n_freq=None):
     omega = _omega(d_model) if n_freq is None else 10000.0 ** (-torch.arange(n_freq) / n_freq)
     pos = torch.arange(length, dtype=torch.float64)  # (T,)
@@ -31,9 +45,21 @@ def _distance_scores(length, d_model, n_freq=None):
     return torch.cos(dist[..., None] * omega).sum(-1).float()  # (T, S, C/2) -> (T, S)
 
 
-def _rotate_half(x, sign=1.0):
+def _distance_scores_omega(length, omega):
+    pos = torch.arange(length, dtype=torch.float64)  # (T,)
+    dist = pos[:, None] - pos[None, :]  # (T, S)
+    return torch.cos(dist[..., None] * omega).sum(-1).float()  # (T, S, C/2) -> (T, S)
+
+
+def _distance_scores_with(length, d_model, wave):
+    pos = torch.arange(length, dtype=torch.float64)
+    dist = pos[:, None] - pos[None, :]
+    return wave(dist[..., None] * _omega(d_model)).sum(-1).float()
+
+
+def _rotate_half(x, sign=1.0, exponent=2):
     T, D = x.shape[-2], x.shape[-1]
-    theta = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
+    theta = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) * (exponent / 2) / D)  # (D/2,)
     angle = sign * torch.arange(T, dtype=torch.float64)[:, None] * theta  # (T, D/2)
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)  # (T, D/2) each
     x1, x2 = x[..., : D // 2], x[..., D // 2:]  # (..., T, D/2) each: feature i pairs with i + D/2
@@ -57,7 +83,11 @@ def check_shift_matrix(fn) -> CheckResult:
     cases = [Case("k=1, d_model=4", (1, 4)), Case("k=5, d_model=16", (5, 16)),
              Case("k=0, d_model=8 (the identity)", (0, 8)), Case("k=-3, d_model=8 (a shift back)", (-3, 8))]
     bugs = [Bug("this is the transpose, which shifts by -k; row 2i must give sin(a + b) = sin a cos b + cos a sin b",
-              lambda k, d: _shift_matrix(k, d).T)]
+              lambda k, d: _shift_matrix(k, d).T),
+            Bug("the frequencies are 10000^(-2i/d_model) for pair i; yours use 10000^(-i/d_model)",
+              lambda k, d: _shift_matrix_with(k, d, 10000.0 ** (-torch.arange(d // 2, dtype=torch.float64) / d))),
+            Bug("your blocks act on features (i, i + d_model/2); the encoding interleaves: sin in column 2i, "
+                "cos in column 2i + 1", _half_split_shift)]
     return check("shift_matrix", fn, _shift_matrix, cases, bugs=bugs, adapt=_float64_as_float32)
 
 
@@ -68,7 +98,12 @@ def check_distance_scores(fn) -> CheckResult:
     bugs = [Bug("you summed d_model cosines; there is one frequency per (sin, cos) pair, so d_model / 2 of them",
               lambda n, d: _distance_scores(n, d, n_freq=d)),
              Bug("twice the reference: each pair contributes one cosine, cos((p - q) w_i), not two",
-              lambda n, d: 2 * _distance_scores(n, d))]
+              lambda n, d: 2 * _distance_scores(n, d)),
+             Bug("you summed sines: sin a sin b + cos a cos b = cos(a - b), so each pair gives cos((p - q) w_i)",
+              lambda n, d: _distance_scores_with(n, d, torch.sin)),
+             Bug("the frequencies are 10000^(-2i/d_model) for pair i; yours use 10000^(-i/d_model)",
+              lambda n, d: _distance_scores_omega(
+                  n, 10000.0 ** (-torch.arange(d // 2, dtype=torch.float64) / d)))]
 
     def closed_form_only(fn):  # the encoding needs sines; the closed form sum_i cos((p - q) w_i) does not
         used = torch_calls(fn, 20, 16) & {"sin", "sin_", "sinusoidal_encoding"}
@@ -90,7 +125,9 @@ def check_rotate_half(fn) -> CheckResult:
     bugs = [Bug("that is the interleaved layout of apply_rotary; here feature i pairs with feature i + D/2",
               apply_rotary),
              Bug("your rotation goes the wrong way (angle -m*theta): the first half gets x1 cos - x2 sin",
-              lambda x: _rotate_half(x, sign=-1.0))]
+              lambda x: _rotate_half(x, sign=-1.0)),
+             Bug("the frequencies are 10000^(-2i/D) for pair i; yours use 10000^(-i/D)",
+              lambda x: _rotate_half(x, exponent=1))]
     return check("rotate_half", fn, _rotate_half, cases, bugs=bugs)
 
 
@@ -100,7 +137,12 @@ def check_alibi_bias(fn) -> CheckResult:
     bugs = [Bug("the sign is flipped: far keys must be penalised, so the bias is <= 0 and largest (0) on the diagonal",
               lambda T, s: -_alibi(T, s)),
              Bug("use the distance |m - n|: without abs() keys to the right get a bonus instead of a penalty",
-              lambda T, s: -s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).float())]
+              lambda T, s: -s * (torch.arange(T)[:, None] - torch.arange(T)[None, :]).float()),
+             Bug("you added a causal mask (-inf above the diagonal): the exercise asks for the bias alone, finite "
+                 "everywhere; the mask is applied separately",
+              lambda T, s: _alibi(T, s).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))),
+             Bug("the slope is missing: multiply the distance by slope",
+              lambda T, s: _alibi(T, 1.0))]
     return check("alibi_bias", fn, _alibi, cases, bugs=bugs)
 
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction
+from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
+from helpers.checks._core import Bug, Case, CheckResult, check, first_output
+from helpers.positional import apply_rotary, rotary_angles
 
-__all__ = ["check_rms_norm", "check_feed_forward_gelu", "check_deepnorm_sublayer", "check_transformer_params",
-           "check_predict_ffn_share"]
+__all__ = ["check_rms_norm", "check_feed_forward_gelu", "check_deepnorm_sublayer", "check_rope_attention",
+           "check_swiglu"]
 
 
 # --- 1. RMSNorm ------------------------------------------------------------------------------------
@@ -98,40 +98,101 @@ def check_deepnorm_sublayer(fn) -> CheckResult:
         return check("deepnorm_sublayer", fn, _deepnorm, cases, bugs=bugs)
 
 
-# --- 4. the parameters of a whole model ----------------------------------------------------------
+# --- 4. RoPE inside multi-head attention ---------------------------------------------------------
 
-def _transformer_params(d_model, d_ff, n_layers, vocab_size):
-    body = nn.Transformer(d_model, math.gcd(d_model, 8), n_layers, n_layers, d_ff, batch_first=True,
-                          device="meta")
-    return sum(p.numel() for p in body.parameters()) + vocab_size * d_model
+def _rope_attention(x, mha, rotate=(True, True, False), before_split=False, project_out=True):
+    """Self-attention of ``mha`` with RoPE on each head's queries and keys; the keywords reproduce slips."""
+    B, T, C = x.shape
+    H, D = mha.n_heads, C // mha.n_heads
 
+    def split(t):
+        return t.view(B, T, H, D).transpose(1, 2)  # (B, T, C) -> (B, H, T, D)
 
-def check_transformer_params(fn) -> CheckResult:
-    """Check ``transformer_params(d_model, d_ff, n_layers, vocab_size) -> int``, tied embeddings (lesson 07)."""
-    cases = [Case("d_model=512, d_ff=2048, 6 layers, vocabulary 37000 (base)", (512, 2048, 6, 37000)),
-             Case("d_model=64, d_ff=256, 2 layers, vocabulary 100", (64, 256, 2, 100)),
-             Case("d_model=1024, d_ff=4096, 6 layers, vocabulary 37000 (big)", (1024, 4096, 6, 37000))]
-    name = "transformer_params"
-    C = lambda d, f: 4 * (d * d + d) + 2 * d * f + f + d  # noqa: E731  (attention + FFN)
-    bugs = [Bug("the two final LayerNorms (one after each stack, 2 * d_model numbers each) are missing",
-            lambda d, f, n, v: _transformer_params(d, f, n, v) - 4 * d),
-            Bug("the embedding is counted three times; the paper shares one matrix between both embeddings "
-                "and the output layer", lambda d, f, n, v: _transformer_params(d, f, n, v) + 2 * v * d),
-            Bug("the embeddings are missing: add one vocab_size x d_model matrix",
-            lambda d, f, n, v: _transformer_params(d, f, n, v) - v * d),
-            Bug("the decoder layers are counted like encoder layers: each has a second attention and a third LayerNorm",
-            lambda d, f, n, v: n * 2 * (C(d, f) + 4 * d) + 4 * d + v * d)]
-    return check(name, fn, _transformer_params, cases, bugs=bugs)
+    projected = [mha.w_q(x), mha.w_k(x), mha.w_v(x)]  # 3 x (B, T, C)
+    if before_split:
+        projected = [apply_rotary(t) if r else t for t, r in zip(projected, rotate, strict=True)]
+        q, k, v = (split(t) for t in projected)
+    else:
+        q, k, v = (apply_rotary(split(t)) if r else split(t)
+                   for t, r in zip(projected, rotate, strict=True))  # (B, H, T, D), rotated by position
+    out = scaled_dot_product_attention(q, k, v)[0].transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
+    return mha.w_o(out) if project_out else out
 
 
-def _ffn_share(d_model: int = 512, d_ff: int = 4096) -> float:
-    layer = nn.TransformerEncoderLayer(d_model, 8, d_ff, device="meta")
-    ffn = sum(p.numel() for m in (layer.linear1, layer.linear2) for p in m.parameters())
-    return ffn / sum(p.numel() for p in layer.parameters())
+def _half_split_rope(x, mha):
+    """RoPE with pairs (i, i + D/2) (exercise 3 of lesson 06) instead of apply_rotary's (2i, 2i + 1)."""
+    B, T, C = x.shape
+    H, D = mha.n_heads, C // mha.n_heads
+    angle = rotary_angles(T, D)  # (T, D/2)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+
+    def rope(t):
+        t1, t2 = t[..., : D // 2], t[..., D // 2:]
+        return torch.cat((t1 * cos - t2 * sin, t2 * cos + t1 * sin), dim=-1)
+
+    q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in (mha.w_q(x), mha.w_k(x), mha.w_v(x)))
+    out = scaled_dot_product_attention(rope(q), rope(k), v)[0]
+    return mha.w_o(out.transpose(1, 2).reshape(B, T, C))
 
 
-def check_predict_ffn_share(predicted) -> CheckResult:
-    """Predict then measure: the FFN's share of an encoder layer's parameters at d_model=512, d_ff=4096 (lesson 07)."""
-    return check_prediction("predict_ffn_share", predicted, _ffn_share,
-                            "share of the parameters in the feed-forward network (d_ff = 8 d_model)",
-                            abs_tol=0.05)
+def check_rope_attention(fn) -> CheckResult:
+    """Check ``rope_attention(x (B, T, C), mha) -> (B, T, C)``: RoPE on each head's q and k (lesson 07)."""
+    with torch.random.fork_rng(devices=[]):  # the same modules every time, without touching the learner's seed
+        torch.manual_seed(7)
+        small, wide = MultiHeadAttention(8, 2), MultiHeadAttention(12, 3)
+    g = torch.Generator().manual_seed(7)
+    cases = [Case("x (2, 5, 8), 2 heads of width 4", (torch.randn(2, 5, 8, generator=g), small)),
+             Case("x (1, 9, 12), 3 heads of width 4", (torch.randn(1, 9, 12, generator=g), wide)),
+             Case("x (1, 6, 8), 2 heads", (torch.randn(1, 6, 8, generator=g) * 3, small))]
+    bugs = [Bug("no rotation at all: apply_rotary to each head's queries and keys before the scores",
+                lambda x, m: _rope_attention(x, m, rotate=(False, False, False))),
+            Bug("you rotated the values too: rotate only the queries and keys, since position only "
+                "has to reach the scores", lambda x, m: _rope_attention(x, m, rotate=(True, True, True))),
+            Bug("only the queries are rotated: rotate the keys as well, so that each score depends on "
+                "the distance between query and key", lambda x, m: _rope_attention(x, m, rotate=(True, False, False))),
+            Bug("only the keys are rotated: rotate the queries as well, so that each score depends on "
+                "the distance between query and key", lambda x, m: _rope_attention(x, m, rotate=(False, True, False))),
+            Bug("you rotated the (B, T, C) projections before splitting the heads: the frequencies then "
+                "follow C; split into (B, H, T, D) first and rotate each head's D features",
+                lambda x, m: _rope_attention(x, m, before_split=True)),
+            Bug("the output projection is missing: finish with mha.w_o after merging the heads",
+                lambda x, m: _rope_attention(x, m, project_out=False)),
+            Bug("that pairs feature i with i + D/2 (exercise 3 of lesson 06); apply_rotary pairs "
+                "features (2i, 2i + 1): use apply_rotary", _half_split_rope)]
+    with torch.no_grad():
+        return check("rope_attention", fn, _rope_attention, cases, bugs=bugs, adapt=first_output)
+
+
+# --- 5. a SwiGLU feed-forward network ------------------------------------------------------------
+
+def _swiglu(x, w_gate, w_up, w_down, act=F.silu, gate_on_up=False):
+    """Shazeer 2020: (act(x W_gate^T) * (x W_up^T)) W_down^T; the keywords reproduce typical slips."""
+    gate, up = x @ w_gate.T, x @ w_up.T  # (B, T, C) -> (B, T, d_ff) each
+    if gate_on_up:
+        gate, up = up, gate
+    return (act(gate) * up) @ w_down.T  # (B, T, d_ff) -> (B, T, C)
+
+
+def check_swiglu(fn) -> CheckResult:
+    """Check ``swiglu(x (B, T, C), w_gate (d_ff, C), w_up (d_ff, C), w_down (C, d_ff)) -> (B, T, C)`` (lesson 07)."""
+    g = torch.Generator().manual_seed(9)
+
+    def case(name, B, T, C, d_ff, scale=1.0):
+        return Case(name, (torch.randn(B, T, C, generator=g) * scale, torch.randn(d_ff, C, generator=g),
+                           torch.randn(d_ff, C, generator=g), torch.randn(C, d_ff, generator=g)))
+
+    cases = [case("x (2, 3, 4), d_ff 6", 2, 3, 4, 6), case("x (1, 5, 8), d_ff 12", 1, 5, 8, 12),
+             case("x (1, 2, 4) of large values, d_ff 4", 1, 2, 4, 4, scale=4.0)]
+    bugs = [Bug("you used sigmoid(x W_gate^T) as the gate: SiLU is x * sigmoid(x), F.silu",
+                lambda x, a, b, c: _swiglu(x, a, b, c, act=torch.sigmoid)),
+            Bug("SiLU is applied to the up branch: apply it to x W_gate^T and multiply by x W_up^T",
+                lambda x, a, b, c: _swiglu(x, a, b, c, gate_on_up=True)),
+            Bug("you used GELU; SwiGLU gates with SiLU (F.silu), GeGLU with GELU",
+                lambda x, a, b, c: _swiglu(x, a, b, c, act=F.gelu)),
+            Bug("the gate's activation is missing: (x W_gate^T) * (x W_up^T) is a plain bilinear layer; use F.silu",
+                lambda x, a, b, c: _swiglu(x, a, b, c, act=lambda t: t)),
+            Bug("the up branch is missing: SwiGLU multiplies F.silu(x W_gate^T) by x W_up^T before w_down",
+                lambda x, a, b, c: F.silu(x @ a.T) @ c.T),
+            Bug("SiLU is applied after the product: gate first, F.silu(x W_gate^T), then multiply by x W_up^T",
+                lambda x, a, b, c: F.silu((x @ a.T) * (x @ b.T)) @ c.T)]
+    return check("swiglu", fn, _swiglu, cases, bugs=bugs)

@@ -7,6 +7,7 @@ import torch
 from helpers.attention import scaled_dot_product_attention
 from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, first_output
 from helpers.device import peak_memory
+from helpers.masks import causal_mask
 from helpers.scale import dilated_mask, sliding_window_mask
 
 __all__ = ["check_kv_cache_bytes", "check_kept_pairs", "check_global_window_mask", "check_local_attention",
@@ -74,7 +75,14 @@ def check_global_window_mask(fn) -> CheckResult:
     bugs = [Bug("True and False are swapped: in the course True = may attend",
                 lambda T, w, g: ~_global_window(T, w, g)),
             Bug("a query sees a later global token: keep the mask causal (key position <= query position)",
-             lambda T, w, g: sliding_window_mask(T, w) | (torch.arange(T)[None, :] < g).expand(T, T))]
+             lambda T, w, g: sliding_window_mask(T, w) | (torch.arange(T)[None, :] < g).expand(T, T)),
+            Bug("the window is one too wide: each query sees itself and the window - 1 keys before it",
+             lambda T, w, g: _global_window(T, w + 1, g)),
+            Bug("the global tokens are rows (queries that see everything earlier); they must be columns: keys "
+                "that every later query may see", lambda T, w, g: sliding_window_mask(T, w) | (
+                 (torch.arange(T)[:, None] < g) & causal_mask(T))),
+            Bug("the sliding window is missing: besides the global tokens, each query sees its window",
+             lambda T, w, g: (torch.arange(T)[None, :] < g) & causal_mask(T) | torch.eye(T, dtype=torch.bool))]
     return check("global_window_mask", fn, _global_window, cases, bugs=bugs)
 
 

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import functools
-import json
-import math
-import struct
 
 import torch
 import torch.nn.functional as F
 
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction
+from helpers.checks._core import Bug, Case, CheckResult, Reject, check, describe
 
 __all__ = ["check_mean_pool", "check_wordpiece", "check_previous_token_score", "check_rank_by_cosine",
-           "check_predict_layer_parameters"]
+           "check_pad_batch"]
 
 
 def _mean_pool(hidden, mask):
@@ -45,6 +42,8 @@ def check_mean_pool(fn) -> CheckResult:
              Case("three sentences of 5, 3 and 1 real tokens", (hidden, mask)),
              Case("the same with 1e6 in every padded position", (big_pads, mask))]
     bugs = [Bug("the padded positions are averaged in: weight each position by the mask", _mean_over_all_positions),
+            Bug("you averaged over the features: the mean runs over the L positions (dim 1), one vector per "
+                "sentence", lambda h, m: (h * m[..., None]).sum(-1) / m.sum(-1, keepdim=True)),
             Bug("the sum over real tokens is divided by L: divide by the number of real tokens of each sentence",
                 _divided_by_length),
             Bug("the mean is normalised to unit length: return the plain mean; sentence_embeddings normalises "
@@ -66,14 +65,27 @@ def _wordpiece(word, vocab, longest_first=True, prefix="##", keep_found=False):
 
 
 _VOCAB = {"[UNK]", "un", "##believ", "##able", "##ab", "##le", "play", "##ing", "##s", "p", "##l", "##a", "##y",
-          "hippo", "##pot", "##amus", "##o", "##p", "a"}
+          "hippo", "##pot", "##amus", "##o", "##p", "a", "tool", "to", "##olbox"}
+
+
+def _wordpiece_backtracking(word, vocab, start=0):
+    """Longest first, but backing off to a shorter piece at a dead end: NOT BERT's greedy WordPiece."""
+    if start == len(word):
+        return []
+    for end in range(len(word), start, -1):
+        piece = word[start:end] if start == 0 else "##" + word[start:end]
+        if piece in vocab:
+            rest = _wordpiece_backtracking(word, vocab, end)
+            if rest is not None and rest != ["[UNK]"]:
+                return [piece] + rest
+    return ["[UNK]"] if start == 0 else None
 
 
 def _spelled(pieces):
     """One string for a list of pieces, so that a wrong answer reads "got 'un ##believ ##ab ##le', expected ..."."""
     if isinstance(pieces, (list, tuple)) and all(isinstance(p, str) for p in pieces):
         return " ".join(pieces)
-    return f"<a {type(pieces).__name__}, not a list of str>"
+    return Reject(f"return a list of strings (the pieces), got {describe(pieces)}")
 
 
 def check_wordpiece(fn) -> CheckResult:
@@ -84,7 +96,9 @@ def check_wordpiece(fn) -> CheckResult:
              Case('"play": a whole word in the vocabulary', ("play", _VOCAB)),
              Case('"plays"', ("plays", _VOCAB)),
              Case('"playz": no piece for "z", so the whole word is ["[UNK]"]', ("playz", _VOCAB)),
-             Case('"xylophone": not even the first character is known', ("xylophone", _VOCAB))]
+             Case('"xylophone": not even the first character is known', ("xylophone", _VOCAB)),
+             Case('"toolbox": greedy takes "tool", then nothing fits "box", so ["[UNK]"] (even though '
+                  '"to" + "##olbox" exists: WordPiece never backtracks)', ("toolbox", _VOCAB))]
 
     def spelled(wordpiece):
         return lambda word, vocab: _spelled(wordpiece(word, vocab))
@@ -94,7 +108,10 @@ def check_wordpiece(fn) -> CheckResult:
             Bug('pieces after the first are looked up without "##": a continuation is "##" + its characters',
                 spelled(functools.partial(_wordpiece, prefix=""))),
             Bug('a word with an unknown part becomes ["[UNK]"] alone, not the pieces found so far plus "[UNK]"',
-                spelled(functools.partial(_wordpiece, keep_found=True)))]
+                spelled(functools.partial(_wordpiece, keep_found=True))),
+            Bug('your split backtracks to a shorter piece at a dead end; BERT\'s WordPiece is greedy: it keeps '
+                'the longest piece, and if nothing fits the rest, the word is ["[UNK]"]',
+                spelled(_wordpiece_backtracking))]
     return check("wordpiece", fn, spelled(_wordpiece), cases, bugs=bugs, adapt=lambda got, expected: _spelled(got))
 
 
@@ -130,7 +147,11 @@ def check_previous_token_score(fn) -> CheckResult:
     bugs = [Bug("that is the weight of each token on itself: the previous token of query i is key i - 1",
                 _self_score),
             Bug("that is the weight on the next token (key i + 1): rows are queries, columns keys", _next_token_score),
-            Bug("the sum is divided by T: query 0 has no previous token, so there are T - 1 terms", _divided_by_T)]
+            Bug("the sum is divided by T: query 0 has no previous token, so there are T - 1 terms", _divided_by_T),
+            Bug("the mean starts at i = 2 (as section 5 does, to skip [CLS]); the exercise asks for every query "
+                "i = 1 .. T-1", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[:, 1:].mean(dim=-1)),
+            Bug("the mean runs over the heads: return one score per head, averaged over the queries",
+                lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=0))]
     return check("previous_token_score", fn, _previous_token_score, cases, bugs=bugs, atol=1e-9, rtol=1e-9)
 
 
@@ -147,6 +168,10 @@ def _least_similar_first(query, corpus):
     return _rank_by_cosine(query, corpus).flip(0)
 
 
+def _ranks_not_order(query, corpus):
+    return _rank_by_cosine(query, corpus).argsort()  # the rank of each row, not the rows in order
+
+
 def check_rank_by_cosine(fn) -> CheckResult:
     """Check ``rank_by_cosine(query (C,), corpus (N, C)) -> (N,)`` indices, most similar first (lesson 11)."""
     corpus = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.2]], dtype=torch.float64)
@@ -160,31 +185,60 @@ def check_rank_by_cosine(fn) -> CheckResult:
                                                    torch.randn(8, 16, generator=g, dtype=torch.float64)))]
     bugs = [Bug("that ranks by the dot product, which favours long rows: divide by both lengths (cosine)",
                 _rank_by_dot_product),
-            Bug("that puts the least similar first: sort in descending order", _least_similar_first)]
+            Bug("that puts the least similar first: sort in descending order", _least_similar_first),
+            Bug("those are the sorted similarities' positions in the wrong direction: argsort gives the "
+                "indices of the corpus rows; you returned the rank of each row", _ranks_not_order)]
 
     def adapt(got, expected):
-        if not isinstance(got, (torch.Tensor, list, tuple)):
+        if type(got).__module__ == "torch.return_types":  # what sort() and topk() return
+            return Reject("that is the pair (values, indices) of sort(): return its .indices")
+        if isinstance(got, (list, tuple)) and all(isinstance(i, (int, torch.Tensor)) for i in got):
+            try:
+                got = torch.as_tensor([int(i) for i in got])
+            except (TypeError, ValueError, RuntimeError):
+                return Reject(f"return the (N,) indices as a tensor, got {describe(got)}")
+        if not isinstance(got, torch.Tensor) or got.device.type == "meta" or got.is_complex():
             return got
-        got = torch.as_tensor(got)
         if got.is_floating_point() and not torch.equal(got, got.round()):  # e.g. the sorted similarities
-            return "return the indices (argsort), not the similarities"
+            return Reject("return the indices (argsort), not the similarities")
         return got.long()
 
     return check("rank_by_cosine", fn, _rank_by_cosine, cases, bugs=bugs, adapt=adapt)
 
 
-def _layer_parameters(layer: int = 0) -> int:
-    """Count the numbers in encoder.layer.<layer>.* of all-MiniLM-L6-v2's checkpoint, from its header alone."""
-    from helpers.pretrained import minilm_dir
+def _pad_batch(id_lists, pad_id, left=False, flip_mask=False, mask_from_ids=False):
+    """Right-pad lists of token ids to (B, L) with pad_id, mask True at real tokens; keywords reproduce slips."""
+    L = max(len(ids) for ids in id_lists)
+    ids = torch.full((len(id_lists), L), pad_id, dtype=torch.long)  # (B, L)
+    mask = torch.zeros(len(id_lists), L, dtype=torch.bool)  # (B, L)
+    for b, row in enumerate(id_lists):
+        where = slice(L - len(row), L) if left else slice(0, len(row))
+        ids[b, where] = torch.tensor(row, dtype=torch.long)
+        mask[b, where] = True
+    if mask_from_ids:
+        mask = ids != pad_id
+    return ids, ~mask if flip_mask else mask
 
-    with open(minilm_dir() / "model.safetensors", "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    prefix = f"encoder.layer.{layer}."
-    return sum(math.prod(info["shape"]) for name, info in header.items() if name.startswith(prefix))
+
+def _zero_filled(id_lists, pad_id):
+    ids, mask = _pad_batch(id_lists, pad_id)
+    return ids.masked_fill(~mask, 0), mask  # the bug: pads of 0 whatever pad_id is
 
 
-def check_predict_layer_parameters(predicted) -> CheckResult:
-    """Predict then count: parameters of one MiniLM encoder layer (C=384, d_ff=1536), biases included (lesson 11)."""
-    return check_prediction("predict_layer_parameters", predicted, _layer_parameters,
-                            "number of parameters in encoder.layer.0 of the checkpoint")
+def check_pad_batch(fn) -> CheckResult:
+    """Check ``pad_batch(id_lists, pad_id) -> (ids (B, L), mask (B, L))``, as the tokenizer pads (lesson 11)."""
+    cases = [Case("one sentence, no padding: [[101, 7592, 102]]", ([[101, 7592, 102]], 0)),
+             Case("three sentences of 4, 2 and 3 ids, pad_id=0",
+                  ([[101, 2023, 2003, 102], [101, 102], [101, 7592, 102]], 0)),
+             Case("the longest sentence last, pad_id=0", ([[101, 102], [101, 2307, 2154, 2003, 102]], 0)),
+             Case("a real token equal to pad_id: [[5, 0, 6], [5]], pad_id=0 (the mask comes from the lengths)",
+                  ([[5, 0, 6], [5]], 0)),
+             Case("pad_id=9", ([[1, 2, 3], [4]], 9))]
+    bugs = [Bug("the mask's polarity is flipped: True marks a real token, False a pad",
+                lambda lists, p: _pad_batch(lists, p, flip_mask=True)),
+            Bug("the pads go on the left; pad on the right, after each sentence's ids, as the tokenizer does",
+                lambda lists, p: _pad_batch(lists, p, left=True)),
+            Bug("the mask is ids != pad_id, which also hides a real token whose id equals pad_id: build it from "
+                "each sentence's length", lambda lists, p: _pad_batch(lists, p, mask_from_ids=True)),
+            Bug("the pads are 0 whatever pad_id is: fill with pad_id", _zero_filled)]
+    return check("pad_batch", fn, _pad_batch, cases, bugs=bugs)

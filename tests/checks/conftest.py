@@ -43,3 +43,4 @@ def accepts(verdict):
         return got
 
     return run
+

@@ -1,5 +1,7 @@
 """The checks' engine (helpers/checks/_core.py): one line, stubs, crashes, in-place edits, types, layouts."""
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 import torch
@@ -144,3 +146,82 @@ def test_every_check_calls_a_stub_not_implemented_yet(check, verdict):
 def test_every_check_reports_a_crash_instead_of_raising(check, verdict):
     ok, line = verdict(check, _crashing_answer)
     assert not ok and "raised IndexError: boom" in line
+
+
+# --- every exercise check: whatever the learner's function returns, one line and never a traceback ----
+
+def _returning(value):
+    def answer(*args, **kwargs):
+        return value() if callable(value) else value
+    return answer
+
+
+ODD_ANSWERS = {
+    "an empty tuple": (),
+    "a list of strings": ["a", "b"],
+    "the string '42'": "42",
+    "a bfloat16 scalar": lambda: torch.tensor(1.5, dtype=torch.bfloat16),
+    "a meta tensor": lambda: torch.zeros(2, 3, device="meta"),
+    "a tuple of tensors": lambda: (torch.zeros(2), torch.ones(2)),
+    "a tuple of three tensors": lambda: (torch.zeros(2),) * 3,
+    "a float": 0.5,
+    "an int": 3,
+    "True": True,
+    "a numpy array": lambda: np.zeros((2, 2)),
+    "a dict": {"out": 1},
+    "an object": object(),
+    "a complex tensor": lambda: torch.zeros(3, dtype=torch.complex64),
+}
+
+
+@pytest.mark.parametrize("answer", list(ODD_ANSWERS), ids=str)
+@pytest.mark.parametrize("check", EXERCISE_CHECKS, ids=lambda c: c.__name__)
+def test_every_check_names_an_odd_answer_in_one_line(check, answer, verdict):
+    ok, line = verdict(check, _returning(ODD_ANSWERS[answer]))
+    assert not ok and line.startswith("✗"), line
+    assert not line.rstrip().endswith((": 42", ": a", ": b")), line  # the answer is never printed as the reason
+    assert "Traceback" not in line
+
+
+PREDICTION_CHECKS = sorted(
+    (getattr(checks, name) for name in dir(checks) if name.startswith("check_predict_")), key=lambda c: c.__name__)
+
+
+@pytest.mark.parametrize("check", PREDICTION_CHECKS, ids=lambda c: c.__name__)
+def test_every_prediction_check_reads_any_number_and_names_the_rest(check, verdict):
+    for odd in [(), ["a"], "42", torch.zeros(2), torch.zeros(2, device="meta"), float("nan"), object(), True]:
+        ok, line = verdict(check, odd)
+        assert not ok and line.startswith("✗") and "must be" in line, line
+    ok, line = verdict(check, "42")
+    assert "not a string" in line
+    for number in [torch.tensor(64.0).sqrt(), Fraction(1, 3), np.float32(2.0), torch.tensor([3], dtype=torch.int32),
+                   torch.tensor(1.5, dtype=torch.bfloat16)]:
+        ok, line = verdict(check, number)
+        assert line.startswith(("✓", "✗")) and "must be" not in line, line
+
+
+def test_an_error_inside_then_or_adapt_is_one_line(rejects):
+    def right_on_small_inputs(x):
+        if x.numel() > 50:
+            raise MemoryError("too big")
+        return 2 * x
+
+    rejects(lambda fn: run(fn, then=lambda f: (f(torch.ones(100)) is not None, "")), right_on_small_inputs,
+            "✗ double: all cases match, but on the extra test that follows them your function raised MemoryError: "
+            "too big")
+
+    def picky_adapt(got, expected):
+        return got.double().float()  # fails on anything but a tensor
+
+    rejects(lambda fn: run(fn, adapt=picky_adapt), lambda x: [1, 2],
+            "the check cannot read your answer (list of 2 items)")
+
+
+def test_a_string_answer_is_never_read_as_the_reason(rejects):
+    rejects(lambda fn: run(fn, adapt=lambda got, expected: got), lambda x: "42", "got str '42'")
+    rejects(lambda fn: run(fn, adapt=lambda got, expected: checks.Reject("say why")), _double,
+            "✗ double: on a (3, 4) tensor: say why")
+
+
+def test_tuples_of_the_wrong_length_say_both_lengths():
+    assert compare((1, 2, 3), (1, 2, 3, 4)) == "expected a tuple of 4 results, got tuple of 3 items"

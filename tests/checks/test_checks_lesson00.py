@@ -20,7 +20,7 @@ def test_split_heads(accepts, rejects):
     accepts(check_split_heads, split_heads, "✓ split_heads: matches the reference on all 3 cases")
     rejects(check_split_heads, lambda x, h: None, "not implemented yet")
     rejects(check_split_heads, lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1), "view(B, T, H, D) first")
-    rejects(check_split_heads, lambda x, h: x.view(x.shape[0], x.shape[1], h, -1), "shape (2, 3, 2, 4)")
+    rejects(check_split_heads, lambda x, h: x.view(x.shape[0], x.shape[1], h, -1), "the transpose is missing")
     rejects(check_split_heads, lambda x, h: split_heads(x, h).numpy(), "return a torch.Tensor")
     rejects(check_split_heads, lambda x, h: split_heads(x, h).double(), "return dtype torch.float32")
 
@@ -43,7 +43,7 @@ def test_scores_shape(accepts, rejects):
     accepts(check_scores_shape, lambda B, H, T, S: torch.Size([B, H, T, S]))
     rejects(check_scores_shape, lambda B, H, T, S: None, "not implemented yet")
     rejects(check_scores_shape, lambda B, H, T, S: (B, H, S, T), "T and S are swapped")
-    rejects(check_scores_shape, lambda B, H, T, S: (B, T, S), "expected a tuple of 4")
+    rejects(check_scores_shape, lambda B, H, T, S: (B, T, S), "the head axis is missing")
     rejects(check_scores_shape, lambda B, H, T, S: (B, H, T, T), "✗ scores_shape: on B=2, H=4, T=3, S=5")
     rejects(check_scores_shape, lambda B, H, T, S: (B, H, T, S / 1), "✗ scores_shape")
     rejects(check_scores_shape, lambda B, H, T, S: np.array([B, H, T, S]), "expected a tuple of 4 results, got ndarray")

@@ -15,7 +15,7 @@ from helpers.checks import (
     check_grouped_query_attention,
     check_mha_param_count,
     check_pattern_mass,
-    check_predict_head_params,
+    check_predict_weights_ratio,
     check_split_qkv,
 )
 from helpers.checks.lesson04 import (
@@ -181,8 +181,9 @@ def test_more_wrong_answers(accepts, rejects):
     rejects(check_pattern_mass, zeroes_in_place, "in place")
 
 
-def test_predict_head_params(verdict):
-    assert not verdict(check_predict_head_params, None)[0]
-    ok, line = verdict(check_predict_head_params, 0)
-    assert ok and line.startswith("✓ predict_head_params: you predicted 0; the measured difference in parameters is 0")
-    assert not verdict(check_predict_head_params, 7 * 16640)[0]  # "8 heads, 8 times the parameters"
+def test_predict_weights_ratio(verdict):
+    assert not verdict(check_predict_weights_ratio, None)[0]
+    ok, line = verdict(check_predict_weights_ratio, 8)
+    assert ok and line.startswith("✓ predict_weights_ratio: you predicted 8; the measured")
+    assert not verdict(check_predict_weights_ratio, 1)[0]  # "the same, like the parameters"
+    assert not verdict(check_predict_weights_ratio, 1 / 8)[0]

@@ -5,16 +5,10 @@ import torch
 import torch.nn.functional as F
 
 import helpers.checks as checks
-from helpers.checks import check_predict_ffn_share
 
 
 def _rms_norm(x, gain, eps=1e-6):
     return gain * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-
-
-def _params(d, f, n, v):
-    attention, ffn = 4 * (d * d + d), 2 * d * f + f + d
-    return n * (3 * attention + 2 * ffn + 5 * 2 * d) + 4 * d + v * d  # 1 + 2 attentions, 2 + 3 norms
 
 
 def _ffn(x, w1, b1, w2, b2):
@@ -50,12 +44,6 @@ CHECKS = {  # check: (right answer, stored success line, [(wrong answer, words i
         (lambda x, s, n, a: a * x + s(n(x)), "Pre-LN style"),
         (lambda x, s, n, a: n(x.mul_(a) + s(x / a)), "in place"),
     ]),
-    "check_transformer_params": (_params, "✓ transformer_params: matches the reference on all 3 cases", [
-        (lambda d, f, n, v: _params(d, f, n, v) + 2 * v * d, "counted three times"),
-        (lambda d, f, n, v: _params(d, f, n, v) - 4 * d, "final LayerNorms"),
-        (lambda d, f, n, v: _params(d, f, n, v) - v * d, "the embeddings are missing"),
-        (lambda d, f, n, v: float(_params(d, f, n, v)), "return an int, got float"),
-    ]),
 }
 
 
@@ -76,11 +64,3 @@ def test_deepnorm_rejects_a_changed_module(rejects):
             n.weight.fill_(1.0)
         return n(a * x + s(x))
     rejects(checks.check_deepnorm_sublayer, retunes_norm, "changed the parameters of the module")
-
-
-def test_predict_ffn_share(verdict):
-    assert not verdict(check_predict_ffn_share, None)[0]
-    ok, line = verdict(check_predict_ffn_share, 0.8)
-    assert ok and line.startswith("✓ predict_ffn_share: you predicted 0.8; the measured")
-    assert not verdict(check_predict_ffn_share, 2 / 3)[0]  # the base model's share, read off section 8
-    assert not verdict(check_predict_ffn_share, 0.5)[0]
