@@ -29,7 +29,7 @@ from helpers.plot import ROLE_COLORS, mask_cmap
 
 __all__ = ["seq2seq_diagram", "rnn_vs_attention_path_diagram", "qkv_diagram", "softmax_gradient_diagram",
            "multi_head_diagram", "mask_diagram", "positional_rotation_diagram", "pre_post_ln_diagram",
-           "encoder_decoder_diagram", "kv_cache_diagram", "minilm_diagram",
+           "encoder_decoder_diagram", "kv_cache_diagram", "flash_tiles_diagram", "minilm_diagram",
            "box", "arrow", "token_row", "tensor", "legend", "canvas"]
 
 FONT = 10  # points; at 100 dpi every label stays readable at 100 % zoom
@@ -623,6 +623,78 @@ def encoder_decoder_diagram(config, S=None, T=None):
     ax.text(5.0, top + 0.65, f"memory (green) feeds the cross-attention of every one of the {n_dec} decoder layers",
             ha="center", fontsize=FONT)
     _fit_height(fig, ax, top + 1.35)
+    return fig
+
+
+# --- 10: FlashAttention's tiles ----------------------------------------------------------------
+
+
+def flash_tiles_diagram(T, S, D, block_q, block_k, causal=False, query_block=None):
+    """Q, K, V tiles streaming from slow memory through on-chip memory, one query block at a time (lesson 10).
+
+    The grid on the right has one square per (query block, key block) tile; with ``causal``
+    (bottom-right aligned when T != S, as in lesson 10) the tiles above the diagonal are skipped.
+    """
+    from matplotlib.patches import Rectangle
+
+    T, S, D = _positive_int("T", T), _positive_int("S", S), _positive_int("D", D)
+    block_q, block_k = _positive_int("block_q", block_q), _positive_int("block_k", block_k)
+    n_q, n_k = -(-T // block_q), -(-S // block_k)
+    if n_q > 16 or n_k > 16:
+        raise ValueError(f"{n_q} x {n_k} tiles do not fit the drawing: use at most 16 blocks per side")
+    i = n_q // 2 if query_block is None else query_block
+    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_q:
+        raise ValueError(f"query_block must be an integer in [0, {n_q}), got {query_block!r}")
+
+    def skipped(a, b):  # every key of block b lies after every query of block a (bottom-right aligned)
+        return causal and b * block_k > min((a + 1) * block_q, T) - 1 + (S - T)
+
+    fig, ax = canvas(11.5, 6.2, f"FlashAttention's tiles: T = {T}, S = {S}, D = {D}, block_q = {block_q}, "
+                     f"block_k = {block_k}{', causal' if causal else ''}")
+    # slow memory: Q, K, V (and O) as strips cut into blocks
+    box(ax, 1.55, 3.0, 2.7, 4.9, fill=False)
+    ax.text(1.55, 5.2, "slow memory (GPU: HBM)", ha="center", fontsize=FONT, weight="bold")
+    strips = [("Q", n_q, i, "query", 0.65), ("K", n_k, None, "key", 1.3), ("V", n_k, None, "value", 1.95),
+              ("O", n_q, i, "other", 2.6)]
+    h_total = 3.7
+    for name, n, hi, role, x in strips:
+        h = h_total / n
+        for b in range(n):
+            y = 4.75 - (b + 1) * h
+            on = (b == hi) if hi is not None else not skipped(i, b)
+            ax.add_patch(Rectangle((x - 0.22, y), 0.44, h * 0.92, facecolor=ROLE_COLORS[role] if on else "white",
+                                   edgecolor=ROLE_COLORS[role], alpha=0.85 if on else 1.0, lw=1))
+        ax.text(x, 4.88, name, ha="center", fontsize=FONT, weight="bold")
+    ax.text(1.55, 0.78, f"Q, O: {n_q} blocks of {block_q} rows\nK, V: {n_k} blocks of {block_k} rows",
+            ha="center", fontsize=SMALL)
+    # on-chip memory: one query block's state and the tiles streaming through
+    box(ax, 5.35, 3.0, 3.6, 4.9, fill=False, role="weights")
+    ax.text(5.35, 5.2, "on-chip memory (GPU: SRAM)", ha="center", fontsize=FONT, weight="bold")
+    box(ax, 5.35, 4.45, 3.0, 0.5, f"Q_{i}: ({block_q}, {D}), loaded once", role="query", fontsize=SMALL)
+    box(ax, 4.55, 3.65, 1.4, 0.5, f"K_j: ({block_k}, {D})", role="key", fontsize=SMALL)
+    box(ax, 6.15, 3.65, 1.4, 0.5, f"V_j: ({block_k}, {D})", role="value", fontsize=SMALL)
+    box(ax, 5.35, 2.75, 3.0, 0.6, f"tile S = Q_{i} K_j^T / sqrt(D)\n({block_q}, {block_k}), then thrown away",
+        role="weights", fontsize=SMALL)
+    box(ax, 5.35, 1.75, 3.0, 0.75, f"running m, l: ({block_q},)\nacc: ({block_q}, {D}), rescaled per tile",
+        fontsize=SMALL)
+    arrow(ax, (5.35, 2.42), (5.35, 2.15))
+    # between the memories: Q_i in once, K_j and V_j streamed, O_i out once
+    arrow(ax, (2.9, 4.45), (3.85, 4.45), role="query", lw=1.4, text="once")
+    arrow(ax, (2.9, 3.65), (3.85, 3.65), role="key", lw=1.4, text="j = 0, 1, ...")
+    arrow(ax, (3.85, 1.75), (2.9, 1.75), lw=1.4, text=f"O_{i} = acc / l")
+    # the grid of tiles: the walk of query block i
+    g0x, g0y, cell = 7.75, 0.9, min(3.4 / n_k, 3.9 / n_q)
+    for a in range(n_q):
+        for b in range(n_k):
+            x, y = g0x + b * cell, g0y + (n_q - 1 - a) * cell
+            color = "#dddddd" if skipped(a, b) else (ROLE_COLORS["weights"] if a == i else "white")
+            ax.add_patch(Rectangle((x, y), cell * 0.94, cell * 0.94, facecolor=color, edgecolor="#777777", lw=0.8))
+    ax.text(g0x + n_k * cell / 2, g0y + n_q * cell + 0.2, "tiles (query block, key block)", ha="center",
+            fontsize=FONT, weight="bold")
+    ax.text(g0x - 0.1, g0y + (n_q - 0.5 - i) * cell, f"block {i}", ha="right", va="center", fontsize=SMALL)
+    done = sum(not skipped(i, b) for b in range(n_k))
+    note = f"block {i} visits {done} of {n_k} key blocks" + (f"; grey: {sum(skipped(a, b) for a in range(n_q) for b in range(n_k))} skipped tiles" if causal else "")
+    ax.text(g0x + n_k * cell / 2, g0y - 0.3, note, ha="center", fontsize=SMALL)
     return fig
 
 

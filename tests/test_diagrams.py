@@ -65,6 +65,11 @@ CASES = [
       "decoder layer 2", "every one of the 2 decoder"]),
     (diagrams.encoder_decoder_diagram, dict(config=_config(512, 8, 2048, 6, 4, False)),
      ["C = 512", "6 + 4 layers", "Post-LN", "encoder layer 6", "decoder layer 4", "2048"]),
+    (diagrams.flash_tiles_diagram, dict(T=100, S=100, D=16, block_q=24, block_k=16, causal=True),
+     ["block_q = 24", "block_k = 16", "causal", "5 blocks of 24 rows", "7 blocks of 16 rows", "Q_2: (24, 16)",
+      "block 2 visits 5 of 7 key blocks", "12 skipped tiles"]),
+    (diagrams.flash_tiles_diagram, dict(T=100, S=77, D=8, block_q=32, block_k=16, query_block=0),
+     ["S = 77", "4 blocks of 32 rows", "5 blocks of 16 rows", "Q_0: (32, 8)", "block 0 visits 5 of 5 key blocks"]),
     (diagrams.minilm_diagram, dict(config=_config(384, 12, 1536, 6, 1, False), vocab_size=30522),
      ["6 layers", "12 heads of D = 32", "C = 384", "384 -> 1536 -> 384", "30,522 x 384", "max 64", "x 6 layers",
       "(B, 384)", "L = 7", "[CLS]"]),
@@ -92,7 +97,7 @@ def test_diagram_draws_and_labels_its_sizes(fn, kwargs, expected):
 
 def test_every_diagram_is_tested_at_two_sizes():
     names = [n for n in diagrams.__all__ if n.endswith("_diagram")]
-    assert len(names) == 11
+    assert len(names) == 12
     counts = {n: sum(fn.__name__ == n for fn, _, _ in CASES) for n in names}
     assert all(c >= 2 for c in counts.values()), counts
 
@@ -120,6 +125,8 @@ def test_rope_panel_dot_products_are_equal():
     (lambda: diagrams.rnn_vs_attention_path_diagram(3, tokens=["a"]), "tokens has 1 entries"),
     (lambda: diagrams.minilm_diagram(None), "d_model is missing"),
     (lambda: diagrams.softmax_gradient_diagram(0), "d_k must be a positive integer"),
+    (lambda: diagrams.flash_tiles_diagram(1000, 100, 16, 8, 16), "do not fit the drawing"),
+    (lambda: diagrams.flash_tiles_diagram(100, 100, 16, 24, 16, query_block=5), "query_block must be an integer"),
 ])
 def test_bad_sizes_get_clear_errors(call, message):
     with pytest.raises(ValueError, match=None) as info:
