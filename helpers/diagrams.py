@@ -470,11 +470,11 @@ def positional_rotation_diagram(d_model, pair=0, n_positions=8, m=1, n=3, shift=
     for k in p:
         left.annotate(f"p={k}", (np.cos(k * omega), np.sin(k * omega)), xytext=(1.17 * np.cos(k * omega),
                       1.17 * np.sin(k * omega)), ha="center", va="center", fontsize=SMALL)
-    left.set_xlabel(f"PE[p, {2 * pair + 1}] = cos(p w)", fontsize=FONT)
-    left.set_ylabel(f"PE[p, {2 * pair}] = sin(p w)", fontsize=FONT)
+    left.set_xlabel(f"PE[p, {2 * pair + 1}] = cos(p ω)", fontsize=FONT)
+    left.set_ylabel(f"PE[p, {2 * pair}] = sin(p ω)", fontsize=FONT)
     left.set_title(f"sinusoidal pair {pair} of d_model = {d_model}\n"
-                   f"w = {omega:.3g} rad per position, wavelength {2 * np.pi / omega:.3g} positions\n"
-                   f"positions 0..{n_positions - 1}: each step turns the point by w", fontsize=FONT)
+                   f"ω = {omega:.3g} rad per position, wavelength {2 * np.pi / omega:.3g} positions\n"
+                   f"positions 0..{n_positions - 1}: each step turns the point by ω", fontsize=FONT)
     # RoPE on one 2-D pair: q = k = (1, 0) direction before rotation, different lengths to tell them apart
     q0, k0 = np.array([1.0, 0.0]), np.array([0.8, 0.35])
 
@@ -491,7 +491,7 @@ def positional_rotation_diagram(d_model, pair=0, n_positions=8, m=1, n=3, shift=
             right.text(*(v * 1.22), lab, ha="center", va="center", fontsize=SMALL, color="black")
     right.set_xlabel("feature 2i", fontsize=FONT)
     right.set_ylabel("feature 2i + 1", fontsize=FONT)
-    right.set_title(f"RoPE on the same pair: q turned by m w, k by n w\n"
+    right.set_title(f"RoPE on the same pair: q turned by m ω, k by n ω\n"
                     f"solid m={m}, n={n}; dashed: both moved by {shift}\n"
                     f"q.k = {dots[0]:.3f} (solid), {dots[1]:.3f} (dashed): only n - m = {n - m} matters", fontsize=FONT)
     fig.suptitle("positions as rotations", fontsize=FONT + 2, weight="bold")

@@ -52,7 +52,7 @@ CASES = [
      ["causal_mask(6)", "length 3 of 6", "keeps 21 of 36", "keeps 18 of 36", "keeps 15 of 36", "may attend",
       "<pad>"]),
     (diagrams.mask_diagram, dict(T=4, length=4), ["causal_mask(4)", "keeps 10 of 16", "keeps 16 of 16"]),
-    (diagrams.positional_rotation_diagram, dict(d_model=64), ["d_model = 64", "pair 0", "w = 1 ", "p=7",
+    (diagrams.positional_rotation_diagram, dict(d_model=64), ["d_model = 64", "pair 0", "ω = 1 ", "p=7",
                                                                "n - m = 2"]),
     (diagrams.positional_rotation_diagram, dict(d_model=16, pair=2, n_positions=12, m=0, n=5, shift=3),
      ["d_model = 16", "pair 2", "PE[p, 4]", "PE[p, 5]", "p=11", "n - m = 5", "moved by 3"]),
