@@ -769,11 +769,13 @@ def minilm_diagram(config, tokens=None, vocab_size=None):
 def kv_cache_diagram(n_steps, d_model, n_heads, n_layers=1, prompt_len=1):
     """A KV cache growing by one key and one value per generated token while one new query attends (lesson 09).
 
-    ``prompt_len`` tokens (e.g. ``<s>``) are already cached before the first drawn step; the
-    cross-attention keys and values of the encoder memory are computed once and are not drawn.
+    ``prompt_len`` tokens are already cached before the first drawn step (0: the cache starts empty
+    and the first step feeds ``<s>``); the cross-attention keys and values of the encoder memory are
+    computed once and are not drawn.
     """
     n_steps = _positive_int("n_steps", n_steps, 6)
-    prompt_len = _positive_int("prompt_len", prompt_len, 8)
+    empty = isinstance(prompt_len, (int, np.integer)) and not isinstance(prompt_len, bool) and prompt_len == 0
+    prompt_len = 0 if empty else _positive_int("prompt_len", prompt_len, 8)
     if prompt_len + n_steps > 11:
         raise ValueError(f"prompt_len + n_steps = {prompt_len + n_steps} cache slots do not fit; draw at most 11")
     n_layers = _positive_int("n_layers", n_layers)
@@ -789,8 +791,8 @@ def kv_cache_diagram(n_steps, d_model, n_heads, n_layers=1, prompt_len=1):
         y = 1.15 * (n_steps - k) - 0.05
         ax.text(0.15, y + 0.3, f"step {k + 1}: new token at position {t}", fontsize=FONT, va="center")
         ax.text(0.15, y, f"cache (B, H, {t + 1}, D) = (1, {H}, {t + 1}, {D})", fontsize=SMALL, va="center")
-        ax.text(0.15, y - 0.3, f"q{t} . k0..k{t}: {t + 1} scores, not {t + 1} x {t + 1}", fontsize=SMALL,
-                va="center")
+        scores = f"q{t} . k0..k{t}: {t + 1} scores, not {t + 1} x {t + 1}" if t else "q0 . k0: 1 score"
+        ax.text(0.15, y - 0.3, scores, fontsize=SMALL, va="center")
         box(ax, x0 - 0.45, y, 0.46, 0.36, f"q{t}", role="query", fontsize=SMALL)
         for s in range(t + 1):
             x = x0 + 0.4 + s * (cell + 0.06)
@@ -804,6 +806,7 @@ def kv_cache_diagram(n_steps, d_model, n_heads, n_layers=1, prompt_len=1):
     ax.text(0.15, 0.25, "per step only the new token goes through W_Q, W_K, W_V "
             "(thick: this step's new key and value);\n"
             f"the cache grows by 2 x H x D = {2 * H * D} numbers per layer and token "
-            f"({2 * H * D * n_layers} for all {n_layers} layers); before step 1 the cache holds {prompt_len} "
-            f"token{'s' if prompt_len > 1 else ''}", fontsize=FONT, va="center")
+            f"({2 * H * D * n_layers} for all {n_layers} layers); before step 1 the cache "
+            + (f"holds {prompt_len} token{'s' if prompt_len > 1 else ''}" if prompt_len else "is empty"),
+            fontsize=FONT, va="center")
     return fig

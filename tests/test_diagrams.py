@@ -77,6 +77,8 @@ CASES = [
      ["2 layers", "4 heads of D = 16", "(37 x 64)", "64 -> 96 -> 64", "L = 3", "(B, 64)", "hi"]),
     (diagrams.kv_cache_diagram, dict(n_steps=4, d_model=64, n_heads=4, n_layers=2),
      ["H = 4 heads of D = 16", "(1, 4, 5, 16)", "k4", "128 numbers", "256 for all 2"]),
+    (diagrams.kv_cache_diagram, dict(n_steps=4, d_model=64, n_heads=4, n_layers=2, prompt_len=0),
+     ["position 0", "q0 . k0: 1 score", "(1, 4, 4, 16)", "k3", "the cache is empty"]),
     (diagrams.kv_cache_diagram, dict(n_steps=2, d_model=24, n_heads=3, prompt_len=6),
      ["H = 3 heads of D = 8", "(1, 3, 8, 8)", "q7", "48 numbers"]),
 ]
