@@ -1,10 +1,14 @@
-"""Boolean attention masks (lesson 05). Polarity everywhere in the course: True = may attend."""
+"""Every boolean attention mask of the course (lessons 05 and 09). Polarity everywhere: True = may attend.
+
+Shapes follow PyTorch's rule: a 2-D mask is (T, S), shared by every batch item and head; padding
+comes as (B, 1, 1, S), with all four axes of the (B, H, T, S) scores.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from helpers._validate import positive_int
+from helpers._validate import as_int, positive_int, positive_ints, require_tensor
 
 
 def causal_mask(T: int, device=None) -> torch.Tensor:
@@ -31,3 +35,28 @@ def padding_mask(lengths, S: int) -> torch.Tensor:
         )
     keep = torch.arange(S, device=lengths.device) < lengths[:, None]  # (B, S)
     return keep[:, None, None, :]  # (B, 1, 1, S)
+
+
+def padding_mask_from_ids(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, S) token ids -> (B, 1, 1, S) boolean mask, True where the key is a real token, not pad_id (lesson 05)."""
+    require_tensor(ids, "ids", dim=2, what="(B, S)")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"ids must hold integer token ids, got dtype {ids.dtype}")
+    pad_id = as_int(pad_id, "pad_id", minimum=0)
+    return (ids != pad_id)[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
+
+
+def sliding_window_mask(T: int, window: int, device=None) -> torch.Tensor:
+    """(T, T) causal local mask: query t may attend to keys t-window+1 .. t, True = may attend (lesson 09)."""
+    T, window = positive_ints(T=T, window=window)
+    t = torch.arange(T, device=device)
+    distance = t[:, None] - t[None, :]  # (T, 1) - (1, T) -> (T, T): how far back key s lies
+    return (distance >= 0) & (distance < window)  # (T, T)
+
+
+def dilated_mask(T: int, window: int, dilation: int, device=None) -> torch.Tensor:
+    """(T, T) causal mask keeping keys t, t-d, ..., t-(window-1)d for query t, d = dilation (lesson 09)."""
+    T, window, dilation = positive_ints(T=T, window=window, dilation=dilation)
+    t = torch.arange(T, device=device)
+    distance = t[:, None] - t[None, :]  # (T, T)
+    return (distance >= 0) & (distance % dilation == 0) & (distance < window * dilation)  # (T, T)
