@@ -11,16 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers.attention import scaled_dot_product_attention
-from helpers.device import cpu_threads, peak_memory
+from helpers.device import attention_flops, cpu_threads, loglog_slope, peak_memory, peak_tflops, peak_tflops_of
 from helpers.masks import causal_mask, dilated_mask, sliding_window_mask
-from helpers.scale import (
-    attention_flops,
-    auto_sdpa_backend,
-    loglog_slope,
-    peak_tflops,
-    peak_tflops_of,
-    sdpa_backend,
-)
+from helpers.scale import auto_sdpa_backend, sdpa_backend
 from helpers.transformer import Transformer, TransformerConfig, greedy_decode, greedy_decode_cached
 
 PAD, BOS, EOS = 0, 1, 2
