@@ -19,8 +19,9 @@ def shape_str(shape) -> str:
     return "(" + ", ".join(str(int(s)) for s in shape) + ")"
 
 
-def as_int(value, name: str, minimum: int | None = 1) -> int:
-    """``value`` as a Python int if it is integer-like (int, numpy integer, 0-d integer tensor) and >= minimum.
+def as_int(value, name: str, minimum: int | None = 1, maximum: int | None = None) -> int:
+    """``value`` as a Python int if it is integer-like (int, numpy integer, 0-d integer tensor) in
+    [minimum, maximum] (None: unbounded); the one integer rule of the helpers.
 
     bool, floats (even 4.0), strings and tensors that are not 0-d integers raise a ValueError.
     """
@@ -28,8 +29,10 @@ def as_int(value, name: str, minimum: int | None = 1) -> int:
             and not value.is_complex() and value.dtype != torch.bool:
         value = int(value.item())
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
-            or (minimum is not None and value < minimum):
+            or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         bound = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+        if maximum is not None:
+            bound = f"an int in [{'-inf' if minimum is None else minimum}, {maximum}]"
         got = f"a tensor of shape {shape_str(value.shape)} dtype {value.dtype}" \
             if isinstance(value, torch.Tensor) else repr(value)
         raise ValueError(f"{name} must be {bound}, got {got}")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from helpers._validate import as_int
+from helpers._validate import as_int, positive_int, positive_ints
 
 
 def get_device() -> torch.device:
@@ -170,8 +170,7 @@ def cpu_threads(n: int = SMALL_MODEL_THREADS):
     more threads pay. GPU work is
     unaffected. Usage: ``with cpu_threads(): train(...)``.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-        raise ValueError(f"n (CPU threads) must be a positive int, got {n!r}")
+    n = positive_int(n, "n (CPU threads)")
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -185,9 +184,7 @@ def cpu_threads(n: int = SMALL_MODEL_THREADS):
 
 def attention_flops(B: int, H: int, T: int, S: int, D: int) -> int:
     """FLOPs of one attention forward: q k^T and weights @ v, 2*T*S*D each, per head (lesson 09)."""
-    for name, n in (("B", B), ("H", H), ("T", T), ("S", S), ("D", D)):
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    B, H, T, S, D = positive_ints(B=B, H=H, T=T, S=S, D=D)
     return 4 * B * H * T * S * D  # a multiply-add counts as 2 FLOPs; the softmax is left out
 
 
@@ -234,4 +231,6 @@ def loglog_slope(sizes, values) -> float:
         raise ValueError(f"need two 1-D sequences of equal length >= 2, got shapes {x.shape} and {y.shape}")
     if not ((x > 0).all() and (y > 0).all() and np.isfinite(x).all() and np.isfinite(y).all()):
         raise ValueError(f"sizes and values must be positive and finite, got {x.tolist()} and {y.tolist()}")
+    if (x == x[0]).all():
+        raise ValueError(f"sizes must not all be equal (no slope against a constant), got {x.tolist()}")
     return float(np.polyfit(np.log(x), np.log(y), 1)[0])

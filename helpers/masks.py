@@ -21,7 +21,11 @@ def padding_mask(lengths, S: int) -> torch.Tensor:
     """(B, 1, 1, S) boolean mask, True for the first lengths[b] key positions of item b (lesson 05)."""
     S = positive_int(S, "S")
     given = lengths
-    lengths = torch.as_tensor(lengths)
+    try:
+        lengths = torch.as_tensor(lengths)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"lengths must be a list or 1-D tensor of ints (one per batch item), got "
+                        f"{type(given).__name__} {given!r}") from None
     if lengths.numel() == 0:
         raise ValueError(f"lengths must hold one length per batch item, got an empty {type(given).__name__}")
     if lengths.dim() != 1 or lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:

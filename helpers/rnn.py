@@ -240,6 +240,9 @@ class Seq2Seq(nn.Module):
         """Feed back the most likely token for ``max_len`` steps -> ids (B, max_len) [, weights (B, max_len, S)].
 
         Positions after a row's first </s> are set to pad_id. Weights are None for the fixed-context decoder.
+        The layout differs from lesson 08's ``helpers.transformer.greedy_decode``, which puts <s> in
+        column 0 and stops once every row has finished: here every column is a generated token and
+        there are always max_len of them (lesson 01's plots read one column per step).
         """
         max_len = positive_int(max_len, "max_len")
         memory = self.start(src)

@@ -8,6 +8,7 @@ Masks follow the course's polarity everywhere: boolean, True = may attend.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -15,7 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import TOKEN_ID_DTYPES, positive_int, positive_ints, probability, require_tensor, shape_str
+from helpers._validate import (
+    TOKEN_ID_DTYPES,
+    as_int,
+    positive_int,
+    positive_ints,
+    probability,
+    require_tensor,
+    shape_str,
+)
 from helpers.attention import MultiHeadAttention
 from helpers.masks import causal_mask, padding_mask_from_ids
 from helpers.positional import PositionalEncoding
@@ -54,9 +63,7 @@ class TransformerConfig:
     def __post_init__(self):
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
                      "n_encoder_layers", "n_decoder_layers", "max_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            object.__setattr__(self, name, positive_int(getattr(self, name), name))  # numpy ints become ints
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: each head gets "
@@ -66,9 +73,8 @@ class TransformerConfig:
                 or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be a probability in [0, 1), got {self.dropout!r}")
         smallest = min(self.src_vocab_size, self.tgt_vocab_size)
-        if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int) or not 0 <= self.pad_id < smallest:
-            raise ValueError(
-                f"pad_id must be a token id of both vocabularies, i.e. in [0, {smallest}), got {self.pad_id!r}")
+        object.__setattr__(self, "pad_id", as_int(self.pad_id, "pad_id (a token id of both vocabularies)",
+                                                  minimum=0, maximum=smallest - 1))
         if not isinstance(self.norm_first, bool):
             raise TypeError(f"norm_first must be True (Pre-LN) or False (Post-LN), got {self.norm_first!r}")
         if not isinstance(self.activation, str) or self.activation not in ACTIVATIONS:
@@ -172,6 +178,8 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, mask=None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C); mask (T, T) or 4-D, broadcastable to (B, H, T, T), True = may attend."""
+        C = self.self_attn.d_model
+        require_tensor(x, "x", floating=True, dim=3, last=C, what=f"(B, T, C={C})")
         x = residual(x, partial(self._attend, mask=mask), self.norm1, self.norm_first, self.dropout)  # (B, T, C)
         return residual(x, self.ff, self.norm2, self.norm_first, self.dropout)  # (B, T, C)
 
@@ -217,6 +225,8 @@ class DecoderLayer(nn.Module):
         (lesson 09): x holds the new positions only, the self mask covers the cached slots, and the
         cross-attention reads the memory's keys and values from its cache (memory may be None).
         """
+        C = self.self_attn.d_model
+        require_tensor(x, "x", floating=True, dim=3, last=C, what=f"(B, T, C={C})")
         self_cache, memory_cache = (None, None) if cache is None else cache
         x = residual(x, partial(self._self, mask=self_mask, cache=self_cache), self.norm1, self.norm_first,
                      self.dropout)  # (B, T, C)
@@ -465,8 +475,9 @@ class Transformer(nn.Module):
 # --- decoding ----------------------------------------------------------------------------------
 
 
-def check_decode_args(model, src, bos_id, eos_id, max_len) -> None:
-    """Raise a clear error unless the arguments of a greedy or beam decoder are valid (lesson 08).
+def check_decode_args(model, src, bos_id, eos_id, max_len) -> tuple[int, int, int]:
+    """Raise a clear error unless the arguments of a greedy or beam decoder are valid (lesson 08);
+    return bos_id, eos_id and max_len as Python ints.
 
     model must be a Transformer, src (B, S) its source token ids, bos_id and eos_id target token ids
     (bos_id not the pad id), and max_len an int in [2, model max_len]. Shared by every decoder.
@@ -475,14 +486,13 @@ def check_decode_args(model, src, bos_id, eos_id, max_len) -> None:
         raise TypeError(f"model must be a helpers.transformer.Transformer, got {type(model).__name__}")
     cfg = model.config
     _check_ids(src, "src", cfg.src_vocab_size, cfg.max_len, model.encoder.embed.weight.device)
-    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < cfg.tgt_vocab_size:
-            raise ValueError(f"{name} must be a target token id in [0, {cfg.tgt_vocab_size}), got {value!r}")
+    bos_id, eos_id = (as_int(value, f"{name} (a target token id)", minimum=0, maximum=cfg.tgt_vocab_size - 1)
+                      for name, value in (("bos_id", bos_id), ("eos_id", eos_id)))
     if bos_id == cfg.pad_id:
         raise ValueError(f"bos_id={bos_id} equals pad_id={cfg.pad_id}: the decoder would mask its own start token")
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or not 2 <= max_len <= cfg.max_len:
-        raise ValueError(f"max_len (output length, BOS included) must be an int in [2, model max_len="
-                         f"{cfg.max_len}], got {max_len!r}")
+    max_len = as_int(max_len, "max_len (output length, BOS included, at most the model's max_len)", minimum=2,
+                     maximum=cfg.max_len)
+    return bos_id, eos_id, max_len
 
 
 @torch.no_grad()
@@ -490,10 +500,11 @@ def greedy_decode(model: Transformer, src: torch.Tensor, bos_id: int, eos_id: in
     """Pick the most likely next token until every row has produced eos_id (lesson 08).
 
     Returns (B, L) ids with L <= max_len: column 0 is bos_id, and every position after a row's
-    eos_id holds pad_id. The model runs in eval mode (no dropout) and its mode is restored after.
+    eos_id holds pad_id. (Lesson 01's RNN ``Seq2Seq.greedy_decode`` returns the generated tokens
+    only, always max_len of them: no <s> column, no early stop.) The model runs in eval mode (no dropout) and its mode is restored after.
     The arguments are checked once, before the loop.
     """
-    check_decode_args(model, src, bos_id, eos_id, max_len)
+    bos_id, eos_id, max_len = check_decode_args(model, src, bos_id, eos_id, max_len)
     was_training = model.training
     model.eval()
     try:
@@ -535,11 +546,11 @@ def beam_search(model: Transformer, src: torch.Tensor, bos_id: int, eos_id: int,
     Defaults are the 2017 paper's (section 6.1: k = 4, alpha = 0.6). beam_size=1 is greedy decoding.
     Returns (B, L) ids laid out like ``greedy_decode``'s: BOS first, pad_id after eos_id.
     """
-    check_decode_args(model, src, bos_id, eos_id, max_len)
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size <= 0:
-        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or length_penalty < 0:
-        raise ValueError(f"length_penalty (alpha) must be a number >= 0, got {length_penalty!r}")
+    bos_id, eos_id, max_len = check_decode_args(model, src, bos_id, eos_id, max_len)
+    beam_size = positive_int(beam_size, "beam_size")
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, numbers.Real) \
+            or not 0 <= length_penalty < math.inf:
+        raise ValueError(f"length_penalty (alpha) must be a finite number >= 0, got {length_penalty!r}")
     was_training = model.training
     model.eval()
     try:
@@ -645,9 +656,8 @@ def greedy_decode_cached(model, src: torch.Tensor, bos_id: int, eos_id: int, max
     graph and replayed; elsewhere the same step runs eagerly. Returns (B, L) ids laid out
     exactly as greedy_decode's.
     """
-    check_decode_args(model, src, bos_id, eos_id, max_len)
-    if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every <= 0:
-        raise ValueError(f"check_every must be a positive int, got {check_every!r}")
+    bos_id, eos_id, max_len = check_decode_args(model, src, bos_id, eos_id, max_len)
+    check_every = positive_int(check_every, "check_every")
     device = src.device
     if cuda_graph is None:
         cuda_graph = device.type == "cuda"
