@@ -111,7 +111,9 @@ class AdditiveAttention(nn.Module):
     def forward(self, query, keys, values=None, mask=None):
         """query (B, T, Dq), keys (B, S, Dk), values (B, S, Dv) (default: keys), mask -> (B, T, S).
 
-        Returns (context (B, T, Dv), weights (B, T, S)); mask is boolean, True = may attend.
+        Returns (context (B, T, Dv), weights (B, T, S)); mask is boolean, True = may attend, (T, S)
+        or 3-D, broadcastable to (B, T, S) (PyTorch's rule: a 2-D mask is (T, S); a key-padding mask
+        is (B, 1, S)).
         """
         values = keys if values is None else values
         check_additive_inputs(self, query, keys, values)

@@ -17,6 +17,18 @@ def causal_mask(T: int, device=None) -> torch.Tensor:
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()  # (T, T)
 
 
+def cached_causal_mask(start, T_new: int, S: int, device=None) -> torch.Tensor:
+    """(T_new, S) causal mask for T_new new queries after ``start`` cached positions (lesson 09).
+
+    Query j sits at slot start + j and sees slots 0 .. start + j. ``start`` is an int or a 0-d
+    integer tensor on ``device`` (read there: a fixed-shape decoding step never asks the host).
+    With start = 0 and S = T_new it is ``causal_mask(T_new)``.
+    """
+    T_new, S = positive_ints(T_new=T_new, S=S)
+    rows = start + torch.arange(T_new, device=device)  # (T_new,): the slots of the new queries
+    return torch.arange(S, device=device)[None, :] <= rows[:, None]  # (1, S) vs (T_new, 1) -> (T_new, S)
+
+
 def padding_mask(lengths, S: int) -> torch.Tensor:
     """(B, 1, 1, S) boolean mask, True for the first lengths[b] key positions of item b (lesson 05)."""
     S = positive_int(S, "S")

@@ -26,7 +26,7 @@ from helpers._validate import (
     shape_str,
 )
 from helpers.attention import MultiHeadAttention
-from helpers.masks import causal_mask, padding_mask_from_ids
+from helpers.masks import cached_causal_mask, causal_mask, padding_mask_from_ids
 from helpers.positional import PositionalEncoding
 
 # --- configuration ---------------------------------------------------------------------------
@@ -297,7 +297,7 @@ class Encoder(_Stack):
         super().__init__(config, config.src_vocab_size, EncoderLayer, config.n_encoder_layers)
 
     def forward(self, src_ids: torch.Tensor, src_mask=None) -> torch.Tensor:
-        """src_ids (B, S), src_mask broadcastable to (B, H, S, S) -> memory (B, S, C)."""
+        """src_ids (B, S), src_mask (S, S) or 4-D, broadcastable to (B, H, S, S) -> memory (B, S, C)."""
         _check_ids(src_ids, "src", self.config.src_vocab_size, self.config.max_len, self.embed.weight.device)
         x = self.embed_tokens(src_ids)  # (B, S, C)
         for layer in self.layers:
@@ -339,12 +339,12 @@ class DecoderCache:
         first, T_new = self.self_attn[0], real.shape[1]
         first.check_room(T_new)
         start, S = first.start(), first.span(T_new)
-        rows = start + torch.arange(T_new, device=real.device)  # (T_new,): the new tokens' slots
         if first.static:  # the slots come from the device: no value is read back to the host
-            self.keep.index_copy_(1, rows, real)  # (B, T_new) into columns rows of (B, max_len)
+            slots = start + torch.arange(T_new, device=real.device)  # (T_new,)
+            self.keep.index_copy_(1, slots, real)  # (B, T_new) into those columns of (B, max_len)
         else:
             self.keep[:, start:start + T_new] = real
-        causal = torch.arange(S, device=real.device)[None, :] <= rows[:, None]  # (T_new, S)
+        causal = cached_causal_mask(start, T_new, S, device=real.device)  # (T_new, S)
         return causal & self.keep[:, None, None, :S]  # (T_new, S) & (B, 1, 1, S) -> (B, 1, T_new, S)
 
 
@@ -355,7 +355,8 @@ class Decoder(_Stack):
         super().__init__(config, config.tgt_vocab_size, DecoderLayer, config.n_decoder_layers)
 
     def forward(self, tgt_ids, memory, tgt_mask=None, memory_mask=None, cache=None) -> torch.Tensor:
-        """tgt_ids (B, T), memory (B, S, C), masks to (B, H, T, T) and (B, H, T, S) -> hidden (B, T, C).
+        """tgt_ids (B, T), memory (B, S, C), masks (T, T) and (T, S) or 4-D, broadcastable to (B, H, T, T)
+        and (B, H, T, S), True = may attend -> hidden (B, T, C).
 
         With a ``DecoderCache`` (lesson 09), tgt_ids are the new tokens only, placed after the cached
         ones; tgt_mask covers the cached slots (``DecoderCache.self_mask``); memory may be None.
@@ -437,6 +438,8 @@ class Transformer(nn.Module):
         logits are theirs; the cached positions come first, and memory may be None.
         """
         _check_ids(tgt, "tgt", self.config.tgt_vocab_size, self.config.max_len, self.decoder.embed.weight.device)
+        if cache is None or memory is not None:
+            _check_memory(memory, tgt, self.config.d_model)
         if cache is not None:
             if not isinstance(cache, DecoderCache):
                 raise TypeError(f"cache must be a DecoderCache (from model.new_decode_cache), got "
@@ -444,7 +447,6 @@ class Transformer(nn.Module):
             if cache.keep.shape[0] != tgt.shape[0]:
                 raise ValueError(f"the cache was made for a batch of {cache.keep.shape[0]}, tgt is "
                                  f"{shape_str(tgt.shape)}")
-            cache.self_attn[0].check_room(tgt.shape[1])
         return self._decode(tgt, memory, src_mask, cache)
 
     def _decode(self, tgt, memory, src_mask=None, cache=None) -> torch.Tensor:
@@ -501,8 +503,8 @@ def greedy_decode(model: Transformer, src: torch.Tensor, bos_id: int, eos_id: in
 
     Returns (B, L) ids with L <= max_len: column 0 is bos_id, and every position after a row's
     eos_id holds pad_id. (Lesson 01's RNN ``Seq2Seq.greedy_decode`` returns the generated tokens
-    only, always max_len of them: no <s> column, no early stop.) The model runs in eval mode (no dropout) and its mode is restored after.
-    The arguments are checked once, before the loop.
+    only, always max_len of them: no <s> column, no early stop.) The model runs in eval mode (no
+    dropout) and its mode is restored after. The arguments are checked once, before the loop.
     """
     bos_id, eos_id, max_len = check_decode_args(model, src, bos_id, eos_id, max_len)
     was_training = model.training

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention, softmax
-from helpers.masks import causal_mask, padding_mask_from_ids
+from helpers.masks import cached_causal_mask, causal_mask, padding_mask_from_ids
 from helpers.transformer import Transformer, TransformerConfig, residual
 
 DT = torch.float64
@@ -273,3 +273,10 @@ def test_a_nan_in_a_masked_key_gives_no_nan_gradient():
     ref = F.scaled_dot_product_attention(q2, k[..., :4, :], v[..., :4, :])
     ref.sum().backward()
     assert (out - ref).abs().max() < 1e-12 and (q.grad - q2.grad).abs().max() < 1e-12
+
+
+def test_cached_causal_mask_shifts_the_causal_mask_by_the_cached_positions():
+    assert torch.equal(cached_causal_mask(0, 5, 5), causal_mask(5))
+    assert torch.equal(cached_causal_mask(3, 2, 5), causal_mask(5)[3:])  # the last two rows of the full mask
+    assert torch.equal(cached_causal_mask(torch.tensor(3), 2, 7)[:, :5], causal_mask(5)[3:])  # a static cache's slots
+    assert not cached_causal_mask(torch.tensor(3), 2, 7)[:, 5:].any()  # slots not written yet
