@@ -96,7 +96,7 @@ def test_cached_greedy_restores_training_mode_and_checks_arguments():
     model = tiny_model(1).train()
     greedy_decode_cached(model, source(1, 1, 4, 9), BOS, EOS, 5)
     assert model.training
-    with pytest.raises(ValueError, match=r"bos_id must be a target token id in \[0, 7\), got 99"):
+    with pytest.raises(ValueError, match=r"bos_id \(a target token id\) must be an int in \[0, 6\], got 99"):
         greedy_decode_cached(model, source(1, 1, 4, 9), 99, EOS, 5)
     with pytest.raises(ValueError, match=r"max_len .* got 1000"):
         greedy_decode_cached(model, source(1, 1, 4, 9), BOS, EOS, 1000)
