@@ -390,8 +390,9 @@ class Transformer(nn.Module):
 
     Padding is handled inside: source positions holding ``pad_id`` are hidden from the encoder's
     self-attention and from the decoder's cross-attention; the decoder's self-attention is causal
-    and hides target pads. Decoding: ``decode`` checks its input and calls ``_decode``, the step
-    the decoders of lessons 08 and 09 run (unchecked, so that a loop checks once).
+    and hides target pads. ``decode`` checks its input and calls ``_decode``, the unchecked step
+    that ``forward`` and the decoders of lessons 08 and 09 run (a loop checks its input once); a
+    test double that writes its own next-token distribution overrides ``_decode``.
     """
 
     def __init__(self, config: TransformerConfig):
@@ -471,7 +472,7 @@ class Transformer(nn.Module):
             raise ValueError(f"src {shape_str(src.shape)} and tgt {shape_str(tgt.shape)} "
                              "must have the same batch size B")
         memory, src_mask = self.encode(src)  # (B, S, C), (B, 1, 1, S)
-        return self.decode(tgt, memory, src_mask)  # (B, T, V)
+        return self._decode(tgt, memory, src_mask)  # (B, T, V): the ids are checked above
 
 
 # --- decoding ----------------------------------------------------------------------------------
