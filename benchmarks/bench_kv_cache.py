@@ -38,8 +38,7 @@ from common import (
 )
 
 from helpers.data import char_vocabs, load_dates
-from helpers.scale import greedy_decode_cached
-from helpers.transformer import Transformer, TransformerConfig, greedy_decode
+from helpers.transformer import Transformer, TransformerConfig, greedy_decode, greedy_decode_cached
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -19,8 +19,9 @@ def shape_str(shape) -> str:
     return "(" + ", ".join(str(int(s)) for s in shape) + ")"
 
 
-def as_int(value, name: str, minimum: int | None = 1) -> int:
-    """``value`` as a Python int if it is integer-like (int, numpy integer, 0-d integer tensor) and >= minimum.
+def as_int(value, name: str, minimum: int | None = 1, maximum: int | None = None) -> int:
+    """``value`` as a Python int if it is integer-like (int, numpy integer, 0-d integer tensor) in
+    [minimum, maximum] (None: unbounded); the one integer rule of the helpers.
 
     bool, floats (even 4.0), strings and tensors that are not 0-d integers raise a ValueError.
     """
@@ -28,8 +29,10 @@ def as_int(value, name: str, minimum: int | None = 1) -> int:
             and not value.is_complex() and value.dtype != torch.bool:
         value = int(value.item())
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
-            or (minimum is not None and value < minimum):
+            or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         bound = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+        if maximum is not None:
+            bound = f"an int in [{'-inf' if minimum is None else minimum}, {maximum}]"
         got = f"a tensor of shape {shape_str(value.shape)} dtype {value.dtype}" \
             if isinstance(value, torch.Tensor) else repr(value)
         raise ValueError(f"{name} must be {bound}, got {got}")
@@ -127,28 +130,60 @@ def check_additive_inputs(module, query, keys, values) -> None:
                          f"and values {shapes}")
 
 
-def check_mha_inputs(module, query, key, value, mask, need_weights) -> None:
-    """Check the arguments of ``MultiHeadAttention.forward`` against the module (its width, dtype, device)."""
+def check_mha_inputs(module, query, key, value, mask, need_weights, cache=None) -> None:
+    """Check the arguments of ``MultiHeadAttention.forward`` against the module (its width, dtype,
+    device) and, with a cache, against the cache (its batch size and room); key and value may then
+    both be None (read the cache only)."""
     C, w = module.d_model, module.w_q.weight
-    for name, t in (("query", query), ("key", key), ("value", value)):
+    given = [("query", query)] + ([] if cache is not None and key is None and value is None
+                                  else [("key", key), ("value", value)])
+    for name, t in given:
         require_tensor(t, name, floating=True, dim=3, last=C, what=f"(B, L, d_model={C})")
         if t.dtype != w.dtype or t.device != w.device:
             raise TypeError(f"{name} is {t.dtype} on {t.device} but the module's weights are {w.dtype} on "
                             f"{w.device}: convert one of them, e.g. module.to({name}.dtype)")
-    if key.shape[:2] != value.shape[:2] or query.shape[0] != key.shape[0]:
+    if len(given) == 3 and (key.shape[:2] != value.shape[:2] or query.shape[0] != key.shape[0]):
         raise ValueError(
             "query (B, T, C), key (B, S, C) and value (B, S, C) must agree on B and S: got "
             f"{shape_str(query.shape)}, {shape_str(key.shape)}, {shape_str(value.shape)}"
         )
     if not isinstance(need_weights, bool):
         raise TypeError(f"need_weights must be True or False, got {need_weights!r}")
+    B, T = query.shape[:2]
+    if cache is None:
+        S = key.shape[1]
+    else:
+        S = check_cache(module, cache, B, 0 if len(given) == 1 else key.shape[1])
     if mask is not None:
-        check_mha_mask(mask, query.shape[0], module.n_heads, query.shape[1], key.shape[1], device=query.device)
+        check_mha_mask(mask, B, module.n_heads, T, S, device=query.device)
+
+
+def check_cache(module, cache, B: int, n_new: int) -> int:
+    """Check that ``cache`` (a helpers.attention.KVCache) fits the module and a batch of B, and has room
+    for n_new more positions; return S, the number of slots the queries will attend to."""
+    from helpers.attention import KVCache  # (imported here: attention imports this module)
+
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be a helpers.attention.KVCache (from module.new_cache(batch, max_len)), "
+                        f"got {type(cache).__name__}")
+    want = (B, module.n_kv_heads, cache.max_len, module.head_dim)
+    if tuple(cache.k.shape) != want or cache.k.dtype != module.w_k.weight.dtype \
+            or cache.k.device != module.w_k.weight.device:
+        raise ValueError(f"the cache holds keys {shape_str(cache.k.shape)} {cache.k.dtype} on {cache.k.device}, "
+                         f"but this module and a batch of {B} need (B, n_kv_heads, max_len, head_dim) = "
+                         f"{shape_str(want)} {module.w_k.weight.dtype} on {module.w_k.weight.device}")
+    cache.check_room(n_new)
+    return cache.span(n_new)
+
+
+# One rule for masks, PyTorch's: the mask's axes are aligned with the scores' from the right.
+MASK_RULE = ("a 2-D mask is (T, S), shared by every batch item and head; any other mask has as many axes "
+             "as the scores; a key-padding mask on (B, H, T, S) scores is (B, 1, 1, S)")
 
 
 def check_bool_mask(mask, target_shape, what: str = "(..., T, S)", device=None, like: str = "q") -> None:
-    """Check that ``mask`` is boolean, broadcasts to ``target_shape`` without growing it and, when
-    ``device`` is given, lies on that device, the device of the tensor named ``like``."""
+    """Check that ``mask`` is boolean, broadcasts to ``target_shape`` without growing it (2-D, or with
+    all the scores' axes: see MASK_RULE) and, when ``device`` is given, lies on the device of ``like``."""
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a boolean torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
@@ -157,6 +192,13 @@ def check_bool_mask(mask, target_shape, what: str = "(..., T, S)", device=None, 
             "convert an additive float mask with `mask == 0` or a 0/1 mask with `mask.bool()`"
         )
     target = torch.Size(target_shape)
+    if 2 < mask.dim() < len(target):
+        # aligned from the right, a (B, T, S) mask on (B, H, T, S) scores would put its B axis on the heads
+        raise ValueError(
+            f"a {mask.dim()}-D mask {shape_str(mask.shape)} on {len(target)}-D scores {what} = "
+            f"{shape_str(target)} would be broadcast onto the wrong axes (a batch axis onto the heads): "
+            f"{MASK_RULE}. Add the missing axes, e.g. mask[:, None] for (B, 1, T, S)"
+        )
     try:
         ok = torch.broadcast_shapes(mask.shape, target) == target
     except RuntimeError:
@@ -176,8 +218,7 @@ def check_bool_mask(mask, target_shape, what: str = "(..., T, S)", device=None, 
 
 def check_mha_mask(mask, B: int, H: int, T: int, S: int, device=None) -> None:
     """A multi-head mask is 2-D, exactly (T, S), shared by every batch item and head, or 4-D,
-    broadcastable to (B, H, T, S); a per-item key-padding mask must be 4-D, (B, 1, 1, S). When B == T > 1
-    a 2-D mask could mean either, so it must be given 4-D. ``device``: the device of the query."""
+    broadcastable to (B, H, T, S), such as a (B, 1, 1, S) key-padding mask. ``device``: the query's."""
     if isinstance(mask, torch.Tensor) and mask.dim() not in (2, 4):
         raise ValueError(
             f"mask must be 2-D (T, S) = ({T}, {S}) or 4-D, broadcastable to (B, H, T, S) = "
@@ -189,14 +230,6 @@ def check_mha_mask(mask, B: int, H: int, T: int, S: int, device=None) -> None:
             f"a 2-D mask is read as (T, S) = ({T}, {S}), one row per query, the same for every batch "
             f"item; got {shape_str(mask.shape)}. A key-padding mask (B, S) must be given as "
             "(B, 1, 1, S): helpers.masks.padding_mask(lengths, S) or mask[:, None, None, :]"
-        )
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and B == T and B > 1:
-        # With B == T a (B, S) key-padding mask has the shape of a (T, S) mask: refuse to guess.
-        raise ValueError(
-            f"a 2-D mask of shape {shape_str(mask.shape)} is ambiguous when the batch size B equals the "
-            f"query length T (both {T}): it could be a (T, S) mask or a (B, S) key-padding mask. Give it "
-            "4 dimensions: mask[None, None] for one (T, S) mask shared by every item and head, or "
-            "mask[:, None, None, :] (helpers.masks.padding_mask(lengths, S)) for a (B, 1, 1, S) key-padding mask"
         )
     check_bool_mask(mask, (B, H, T, S), "(B, H, T, S)", device=device, like="query")
 

@@ -23,15 +23,22 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Numerically stable softmax that subtracts the max first (lesson 03); an all -inf row gives zeros."""
+    """Numerically stable softmax that subtracts the max first (lesson 03); an all -inf row gives zeros.
+
+    A row holding +inf gives its limit, where torch.softmax gives NaN: the weight is shared equally
+    by its +inf entries ([0, inf, 0] -> [0, 1, 0]), and the gradient is finite. A row holding NaN
+    gives NaN, as torch.softmax does. No extra (T, S) matrix is kept: attention's memory stays 3 of them.
+    """
     require_tensor(x, "x", floating=True)
     if x.dim() > 0 and x.size(dim) == 0:
         raise ValueError(f"softmax over an empty dimension is undefined: x has shape {shape_str(x.shape)}, "
                          f"and dim={dim} has size 0")
-    row_max = x.amax(dim=dim, keepdim=True)
-    # An all -inf row has max -inf and -inf - (-inf) = nan: shift such rows by 0 instead.
+    # +inf is clamped to the largest finite number: a row holding it then takes its limit (below)
+    big = torch.finfo(x.dtype).max
+    row_max = x.amax(dim=dim, keepdim=True).clamp(max=big)
+    # An all -inf row has max -inf and -inf - (-inf) = nan: shift such rows (and NaN rows) by 0 instead.
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    e = torch.exp(x - row_max)
+    e = torch.exp(x.clamp(max=big) - row_max)  # a +inf entry: exp(0) = 1; a finite one: exp(x - big) = 0
     # Every row that is not all -inf sums to >= 1 (its max contributes exp(0)); an all -inf row
     # sums to 0 and is divided by `tiny`, giving zeros instead of 0/0 = nan.
     return e / e.sum(dim=dim, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
@@ -49,7 +56,10 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0):
     q (..., T, D), k (..., S, D), v (..., S, Dv); mask broadcastable to (..., T, S), on the device of q.
     Returns (out (..., T, Dv), weights (..., T, S)). A fully masked row gives zero weights and a
     zero output row, never NaN. A key that every query is masked from (padding) may hold NaN or
-    inf: it reaches no output. ``weights`` are the ones applied to v (after dropout, if any).
+    inf in k or v: it reaches no output and no gradient (its k and v rows are replaced by zeros).
+    The mask follows PyTorch's rule: a 2-D mask is (T, S); any other mask has all the scores' axes
+    (a key-padding mask on (B, H, T, S) is (B, 1, 1, S)); a 3-D mask on 4-D scores is refused.
+    ``weights`` are the ones applied to v (after dropout, if any).
     float16/bfloat16 inputs are scored, softmaxed and summed in float32 (as PyTorch's math path
     does), so scores beyond 65504 do not overflow; out and weights come back in the input dtype.
     """
@@ -57,10 +67,13 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0):
     dtype = q.dtype
     if dtype in _HALF:
         q, k, v = q.float(), k.float(), v.float()
+    if mask is not None:
+        # 0 * NaN = NaN: the k and v rows that nobody reads become 0, or NaN padding would reach the
+        # output through v, and the gradient of q through k (d scores is 0 there, times a NaN key)
+        k, v = _zero_unread_values(k, mask), _zero_unread_values(v, mask)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, S)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # blocked pairs get exp(-inf) = 0
-        v = _zero_unread_values(v, mask)  # 0 * NaN = NaN: a value row nobody reads becomes 0
     weights = softmax(scores, dim=-1)  # (..., T, S)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
@@ -98,7 +111,9 @@ class AdditiveAttention(nn.Module):
     def forward(self, query, keys, values=None, mask=None):
         """query (B, T, Dq), keys (B, S, Dk), values (B, S, Dv) (default: keys), mask -> (B, T, S).
 
-        Returns (context (B, T, Dv), weights (B, T, S)); mask is boolean, True = may attend.
+        Returns (context (B, T, Dv), weights (B, T, S)); mask is boolean, True = may attend, (T, S)
+        or 3-D, broadcastable to (B, T, S) (PyTorch's rule: a 2-D mask is (T, S); a key-padding mask
+        is (B, 1, S)).
         """
         values = keys if values is None else values
         check_additive_inputs(self, query, keys, values)
@@ -113,45 +128,125 @@ class AdditiveAttention(nn.Module):
         return weights @ values, weights  # (B, T, Dv), (B, T, S)
 
 
-class MultiHeadAttention(nn.Module):
-    """Multi-head attention, Vaswani et al. 2017 section 3.2.2 (lesson 04).
+class KVCache:
+    """The keys and values of ONE attention module, preallocated for max_len positions (lesson 09).
 
-    ``forward(query (B, T, C), key (B, S, C), value (B, S, C), mask, need_weights)`` returns
-    (out (B, T, C), weights (B, H, T, S), or None when need_weights=False). The mask is boolean,
-    True = may attend, and either 2-D, exactly (T, S) (such as ``causal_mask(T)``), shared by every
-    batch item and head, or 4-D, broadcastable to (B, H, T, S): a key-padding mask is
-    (B, 1, 1, S), from ``helpers.masks.padding_mask``. A 2-D (B, S) mask is never read as key
-    padding: it is rejected, and when B == T > 1 every 2-D mask is rejected, since its meaning would
-    then depend on the sizes (give it 4-D: ``mask[None, None]``).
+    ``k``, ``v``: (B, n_kv_heads, max_len, head_dim); ``length``: positions stored so far (an int,
+    counted on the host); ``max_len``. Made by ``MultiHeadAttention.new_cache``; the module's
+    ``forward(..., cache=cache)`` writes the projections of the new positions at slots
+    [length, length + T_new) and attends to slots [0, length + T_new).
+    ``static=True`` keeps every step's shapes fixed, so that a CUDA graph can replay it: the write
+    slot is also kept on the device (``position``, a 0-d tensor), and every call attends to all
+    max_len slots, so the caller's mask, (T_new, max_len), must hide the slots not written yet.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, static: bool = False):
+        self.k, self.v = k, v  # (B, n_kv_heads, max_len, head_dim) each
+        self.max_len = k.shape[2]
+        self.length = 0
+        self.static = static
+        self.position = torch.zeros((), dtype=torch.long, device=k.device)  # next slot, on the device
+
+    def check_room(self, n_new: int) -> None:
+        """Raise a ValueError unless n_new more positions fit into the max_len slots."""
+        if self.length + n_new > self.max_len:
+            raise ValueError(f"the cache holds max_len={self.max_len} positions and {self.length} are stored: "
+                             f"{n_new} more do not fit; make the cache with a larger max_len")
+
+    def span(self, n_new: int) -> int:
+        """How many slots a call that writes n_new positions attends to: length + n_new, or max_len if static."""
+        return self.max_len if self.static else self.length + n_new
+
+    def start(self):
+        """The slot the next position goes to: ``length``, or the 0-d ``position`` tensor if static."""
+        return self.position if self.static else self.length
+
+    def append(self, k_new: torch.Tensor, v_new: torch.Tensor):
+        """Write k_new, v_new (B, n_kv_heads, T_new, head_dim) at the next slots; return the slots to attend to."""
+        T_new = k_new.shape[2]
+        self.check_room(T_new)
+        if self.static:  # the slots come from the device: no value is read back to the host
+            slots = self.position + torch.arange(T_new, device=self.k.device)  # (T_new,)
+            self.k.index_copy_(2, slots, k_new)
+            self.v.index_copy_(2, slots, v_new)
+            self.position.add_(T_new)
+        else:
+            self.k[:, :, self.length:self.length + T_new] = k_new
+            self.v[:, :, self.length:self.length + T_new] = v_new
+        self.length += T_new
+        end = self.span(0)
+        return self.k[:, :, :end], self.v[:, :, :end]  # (B, n_kv_heads, end, head_dim) each
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention, Vaswani et al. 2017 section 3.2.2 (lesson 04); KV cache and GQA: lesson 09.
+
+    ``forward(query (B, T, C), key (B, S, C), value (B, S, C), mask, need_weights, cache)`` returns
+    (out (B, T, C), weights (B, H, T, S), or None when need_weights=False). The mask is boolean,
+    True = may attend, under PyTorch's rule: either 2-D, exactly (T, S) (such as ``causal_mask(T)``),
+    shared by every batch item and head, or 4-D, broadcastable to (B, H, T, S): a key-padding mask is
+    (B, 1, 1, S) (``helpers.masks.padding_mask``). A 3-D mask is refused: aligned from the right, a
+    (B, T, S) mask would put its batch axis on the heads.
+    ``n_kv_heads`` (default n_heads): the number of key/value heads; each group of
+    n_heads // n_kv_heads query heads reads one of them (grouped-query attention, Ainslie et al.
+    2023; 1 = multi-query, Shazeer 2019). With a ``cache`` (``new_cache``), key and value are the
+    new positions only, and S counts the cached slots: see ``KVCache``.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
+                 n_kv_heads: int | None = None):
         super().__init__()
         d_model, n_heads = positive_int(d_model, "d_model"), positive_int(n_heads, "n_heads")
+        n_kv_heads = n_heads if n_kv_heads is None else positive_int(n_kv_heads, "n_kv_heads")
         if d_model % n_heads != 0:
             raise ValueError(
                 f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets "
                 f"d_model / n_heads = {d_model / n_heads:g} features, which must be a whole number"
             )
+        if n_heads % n_kv_heads != 0:
+            raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: every key/value "
+                             "head must serve the same number of query heads")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.n_kv_heads = n_kv_heads
         self.dropout = nn.Dropout(probability(dropout, "dropout"))  # on the attention weights
         self.w_q = nn.Linear(d_model, d_model, bias=bias)
-        self.w_k = nn.Linear(d_model, d_model, bias=bias)
-        self.w_v = nn.Linear(d_model, d_model, bias=bias)
+        self.w_k = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.w_v = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.w_o = nn.Linear(d_model, d_model, bias=bias)
 
-    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        B, L, C = x.shape
+    def _split_heads(self, x: torch.Tensor, n_heads: int) -> torch.Tensor:
+        B, L, _ = x.shape
         # view as (B, L, H, D) first: the H*D features of a position stay together
-        return x.view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, L, C) -> (B, H, L, D)
+        return x.view(B, L, n_heads, self.head_dim).transpose(1, 2)  # (B, L, H*D) -> (B, H, L, D)
 
-    def forward(self, query, key, value, mask=None, need_weights: bool = True):
-        check_mha_inputs(self, query, key, value, mask, need_weights)
+    def new_cache(self, batch: int, max_len: int, dtype=None, device=None, static: bool = False) -> KVCache:
+        """An empty KVCache for this module: keys and values (batch, n_kv_heads, max_len, head_dim) (lesson 09)."""
+        batch, max_len = positive_int(batch, "batch"), positive_int(max_len, "max_len")
+        w = self.w_k.weight
+        shape = (batch, self.n_kv_heads, max_len, self.head_dim)
+        k = torch.zeros(shape, dtype=dtype or w.dtype, device=device or w.device)
+        return KVCache(k, torch.zeros_like(k), static=static)
+
+    def project_kv(self, key: torch.Tensor, value: torch.Tensor):
+        """Keys and values (B, n_kv_heads, S, head_dim) of key and value (B, S, C), split into heads."""
+        k = self._split_heads(self.w_k(key), self.n_kv_heads)  # (B, S, C) -> (B, Hkv, S, D)
+        v = self._split_heads(self.w_v(value), self.n_kv_heads)  # (B, S, C) -> (B, Hkv, S, D)
+        return k, v
+
+    def forward(self, query, key, value, mask=None, need_weights: bool = True, cache: KVCache | None = None):
+        check_mha_inputs(self, query, key, value, mask, need_weights, cache)
         B, T, C = query.shape
-        # 1) project, then split into heads
-        q = self._split_heads(self.w_q(query))  # (B, H, T, D)
-        k = self._split_heads(self.w_k(key))  # (B, H, S, D)
-        v = self._split_heads(self.w_v(value))  # (B, H, S, D)
+        # 1) project, then split into heads; with a cache, store the new keys/values and read them all
+        q = self._split_heads(self.w_q(query), self.n_heads)  # (B, H, T, D)
+        if cache is not None and key is None:  # read only (e.g. the encoder's memory, projected once)
+            k, v = cache.k[:, :, :cache.span(0)], cache.v[:, :, :cache.span(0)]  # (B, Hkv, S, D)
+        else:
+            k, v = self.project_kv(key, value)  # (B, Hkv, S_new, D) each
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, Hkv, S, D): the cached slots, new ones included
+        group = self.n_heads // self.n_kv_heads
+        if group > 1:  # query head h reads key/value head h // group
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, S, D) each
         # 2) attend in every head at once: with the weights, or in PyTorch's fused kernel without
         p = self.dropout.p if self.training else 0.0
         if need_weights:
@@ -172,6 +267,9 @@ def to_torch_mha(module: MultiHeadAttention) -> nn.MultiheadAttention:
     """
     if not isinstance(module, MultiHeadAttention):
         raise TypeError(f"module must be a helpers.attention.MultiHeadAttention, got {type(module).__name__}")
+    if module.n_kv_heads != module.n_heads:
+        raise ValueError(f"nn.MultiheadAttention has one key/value head per query head; this module shares "
+                         f"{module.n_kv_heads} among {module.n_heads} (grouped-query attention)")
     w = module.w_q.weight
     bias = module.w_q.bias is not None
     theirs = nn.MultiheadAttention(module.d_model, module.n_heads, dropout=module.dropout.p, bias=bias,

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from helpers._validate import as_int, positive_int
+
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 
 
@@ -22,6 +24,12 @@ class Vocab:
     """Character vocabulary with <pad>=0, <s>=1, </s>=2, then the given symbols (lesson 01)."""
 
     def __init__(self, symbols):
+        if isinstance(symbols, bytes) or not hasattr(symbols, "__iter__"):
+            raise TypeError(f"symbols must be a string or an iterable of strings, got {type(symbols).__name__}")
+        symbols = list(symbols)
+        wrong = [s for s in symbols if not isinstance(s, str)]
+        if wrong:
+            raise TypeError(f"symbols must be strings, got {wrong[0]!r} ({type(wrong[0]).__name__})")
         symbols = sorted(set(symbols))
         clash = [s for s in symbols if s in (PAD, BOS, EOS)]
         if clash:
@@ -87,7 +95,8 @@ def digit_pairs(n: int, min_len: int, max_len: int, seed: int, task: str = "reve
     """
     if task not in ("reverse", "copy"):
         raise ValueError(f"task must be 'reverse' or 'copy', got {task!r}")
-    if not 1 <= min_len <= max_len:
+    n, min_len, max_len = as_int(n, "n", minimum=0), positive_int(min_len, "min_len"), positive_int(max_len, "max_len")
+    if not min_len <= max_len:
         raise ValueError(f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
     rng = random.Random(seed)
     pairs = []
@@ -149,6 +158,8 @@ def format_date(date: datetime.date, fmt: str) -> str:
         date = date.date()  # a datetime is a date with a time of day, which no format shows
     if not isinstance(date, datetime.date):
         raise TypeError(f"date must be a datetime.date, got {type(date).__name__}")
+    if not isinstance(fmt, str):
+        raise TypeError(f"fmt must be a format string such as DATE_FORMATS[0], got {type(fmt).__name__}")
     if "{yy}" in fmt and not FIRST_DATE <= date <= LAST_DATE:
         raise ValueError(f"a two-digit year names a date in {FIRST_DATE}..{LAST_DATE} only, got {date}")
     month, weekday = MONTHS[date.month - 1], WEEKDAYS[date.weekday()]
@@ -231,6 +242,8 @@ _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 def read_date_tsv(path) -> list[tuple[str, str]]:
     """Read and check a dates TSV file into (source, ISO target) pairs; errors name file and line (lesson 08)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or a pathlib.Path, got {type(path).__name__}")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no data file {path}")

@@ -1,9 +1,15 @@
-"""Where the course runs and how it measures time (lessons 00 and 09)."""
+"""Where the course runs, and every measurement it makes (lessons 00 and 09).
+
+Time (``benchmark``), peak memory (``peak_memory``), FLOP counts and peak throughput
+(``attention_flops``, ``peak_tflops``), growth slopes (``loglog_slope``) and the CPU thread policy
+(``cpu_threads``) live here, in one place.
+"""
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -11,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from helpers._validate import as_int
+from helpers._validate import as_int, positive_int, positive_ints
 
 
 def get_device() -> torch.device:
@@ -164,11 +170,67 @@ def cpu_threads(n: int = SMALL_MODEL_THREADS):
     more threads pay. GPU work is
     unaffected. Usage: ``with cpu_threads(): train(...)``.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-        raise ValueError(f"n (CPU threads) must be a positive int, got {n!r}")
+    n = positive_int(n, "n (CPU threads)")
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
         yield before
     finally:
         torch.set_num_threads(before)
+
+
+# --- counting and measuring ----------------------------------------------------------------------
+
+
+def attention_flops(B: int, H: int, T: int, S: int, D: int) -> int:
+    """FLOPs of one attention forward: q k^T and weights @ v, 2*T*S*D each, per head (lesson 09)."""
+    B, H, T, S, D = positive_ints(B=B, H=H, T=T, S=S, D=D)
+    return 4 * B * H * T * S * D  # a multiply-add counts as 2 FLOPs; the softmax is left out
+
+
+# Dense (no structured sparsity) half-precision tensor-core peaks from NVIDIA's data sheets, in
+# TFLOP/s: BF16 where the GPU has it, FP16 otherwise (T4, V100). Rows are (GPU, regular expression
+# matched against torch.cuda.get_device_name, peak), checked in order: the first match wins.
+PEAK_TFLOPS = (
+    ("H200 NVL", r"H200 NVL", 835.0),
+    ("H200", r"H200", 989.0),
+    ("H100 NVL", r"H100 NVL", 835.0),
+    ("H100 PCIe", r"H100 PCIe", 756.0),
+    ("H100 SXM", r"H100", 989.0),  # named e.g. "NVIDIA H100 80GB HBM3"
+    ("A100", r"A100", 312.0),
+    ("L4", r"\bL4\b", 121.0),  # not L40 or L40S
+    ("V100 PCIe", r"V100-PCIE", 112.0),
+    ("V100 SXM", r"V100", 125.0),
+    ("T4", r"\bT4\b", 65.0),
+)
+
+
+def peak_tflops(device=None) -> float | None:
+    """Known half-precision tensor-core peak of a CUDA device in TFLOP/s; None for others (lesson 09)."""
+    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available()
+                                                                          else "cpu")
+    if device.type != "cuda":
+        return None
+    return peak_tflops_of(torch.cuda.get_device_name(device))
+
+
+def peak_tflops_of(gpu_name: str) -> float | None:
+    """The entry of PEAK_TFLOPS that matches a GPU name such as 'NVIDIA H100 80GB HBM3' (lesson 09)."""
+    if not isinstance(gpu_name, str):
+        raise TypeError(f"gpu_name must be a str, got {type(gpu_name).__name__}")
+    for _, pattern, tflops in PEAK_TFLOPS:
+        if re.search(pattern, gpu_name, flags=re.IGNORECASE):
+            return tflops
+    return None
+
+
+def loglog_slope(sizes, values) -> float:
+    """Least-squares slope of log(values) against log(sizes): 2 means cost grows like size^2 (lesson 09)."""
+    x, y = np.asarray(sizes, dtype=float), np.asarray(values, dtype=float)
+    if x.shape != y.shape or x.ndim != 1 or len(x) < 2:
+        raise ValueError(f"need two 1-D sequences of equal length >= 2, got shapes {x.shape} and {y.shape}")
+    if not ((x > 0).all() and (y > 0).all() and np.isfinite(x).all() and np.isfinite(y).all()):
+        raise ValueError(f"sizes and values must be positive and finite, got {x.tolist()} and {y.tolist()}")
+    if (x == x[0]).all():
+        raise ValueError(f"sizes must not all be equal (no slope against a constant), got {x.tolist()}")
+    return float(np.polyfit(np.log(x), np.log(y), 1)[0])

@@ -45,9 +45,18 @@ class PositionalEncoding(nn.Module):
         self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """x (B, T, C) -> x + PE[offset : offset + T]; ``offset`` serves step-by-step decoding."""
+        """x (B, T, C) -> x + PE[offset : offset + T]; ``offset`` serves step-by-step decoding.
+
+        ``offset`` is an int, or an integer tensor of one element on x's device, read there (no
+        value comes back to the host, so no range check: lesson 09's fixed-shape decoding step).
+        """
         require_tensor(x, "x", floating=True, dim=3, last=self.pe.shape[1], what=f"(B, T, d_model={self.pe.shape[1]})")
-        T, offset = x.shape[1], as_int(offset, "offset", minimum=0)
+        T = x.shape[1]
+        if isinstance(offset, torch.Tensor) and offset.numel() == 1 and offset.device == x.device \
+                and offset.dtype in (torch.int64, torch.int32):
+            rows = self.pe.index_select(0, offset.reshape(()) + torch.arange(T, device=x.device))  # (T, C)
+            return self.dropout(x + rows.to(x.dtype))  # (B, T, C)
+        offset = as_int(offset, "offset", minimum=0)
         if offset + T > self.max_len:
             raise ValueError(f"positions {offset}..{offset + T - 1} exceed max_len={self.max_len}; "
                              "build the model with a larger max_len")

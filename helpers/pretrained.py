@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import TOKEN_ID_DTYPES, shape_str
+from helpers._validate import TOKEN_ID_DTYPES, as_int, positive_int, shape_str
 from helpers.positional import LearnedPositionalEmbedding
 from helpers.transformer import EncoderLayer, TransformerConfig
 
@@ -93,15 +93,15 @@ def load_safetensors(path) -> dict[str, torch.Tensor]:
         header = json.loads(raw[8:8 + n])  # 2) {name: {"dtype", "shape", "data_offsets": [begin, end]}}
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path}: the header is not valid JSON ({err})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: the header must be a JSON object {{name: entry}}, got {type(header).__name__}")
     data = bytearray(raw[8 + n:])  # 3) the byte buffer; offsets count from its start
     tensors = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if info.get("dtype") not in _DTYPES:
-            raise ValueError(f"{path}: tensor {name!r} has dtype {info.get('dtype')!r}, not one of {sorted(_DTYPES)}")
+        shape, (begin, end) = _header_entry(path, name, info)
         dtype, size = _DTYPES[info["dtype"]]
-        shape, (begin, end) = info["shape"], info["data_offsets"]
         count = 1
         for s in shape:
             count *= s
@@ -112,6 +112,21 @@ def load_safetensors(path) -> dict[str, torch.Tensor]:
         flat = torch.frombuffer(data, dtype=dtype, count=count, offset=begin) if count else torch.empty(0, dtype=dtype)
         tensors[name] = flat.reshape(shape).clone()  # a copy of its own, not a view of the buffer
     return tensors
+
+
+def _header_entry(path, name: str, info) -> tuple[list[int], tuple[int, int]]:
+    """Check one header entry {"dtype", "shape": [ints], "data_offsets": [begin, end]}; return shape and offsets."""
+    if not isinstance(info, dict) or info.get("dtype") not in _DTYPES:
+        got = info.get("dtype") if isinstance(info, dict) else info
+        raise ValueError(f"{path}: tensor {name!r} must have an entry with a dtype of {sorted(_DTYPES)}, got {got!r}")
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                               for s in shape):
+        raise ValueError(f"{path}: tensor {name!r} has shape {shape!r}, not a list of non-negative ints")
+    if not isinstance(offsets, list) or len(offsets) != 2 \
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets):
+        raise ValueError(f"{path}: tensor {name!r} has data_offsets {offsets!r}, not a list [begin, end] of two ints")
+    return shape, (offsets[0], offsets[1])
 
 
 # --- the tokenizer -----------------------------------------------------------------------------
@@ -142,8 +157,7 @@ class WordPieceTokenizer:
     """
 
     def __init__(self, vocab_file, max_len: int = 256, max_chars_per_word: int = 100):
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
-            raise ValueError(f"max_len must be an int >= 2 (room for [CLS] and [SEP]), got {max_len!r}")
+        max_len = as_int(max_len, "max_len (room for [CLS] and [SEP])", minimum=2)
         lines = Path(vocab_file).read_text(encoding="utf-8").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
@@ -154,7 +168,8 @@ class WordPieceTokenizer:
             raise ValueError(f"{vocab_file} lacks the special tokens {missing}")
         self.pad_id, self.unk_id = self.vocab["[PAD]"], self.vocab["[UNK]"]
         self.cls_id, self.sep_id = self.vocab["[CLS]"], self.vocab["[SEP]"]
-        self.max_len, self.max_chars_per_word = max_len, max_chars_per_word
+        self.max_len = max_len
+        self.max_chars_per_word = positive_int(max_chars_per_word, "max_chars_per_word")
 
     def normalize(self, text: str) -> str:
         """Drop control characters, space out CJK characters, strip accents, lower-case (lesson 11)."""
@@ -224,7 +239,9 @@ class WordPieceTokenizer:
         """The token string of each id (lesson 11)."""
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
-        return [self.tokens[i] for i in ids]
+        last = len(self.tokens) - 1  # a negative id would silently index from the end
+        return [self.tokens[as_int(i, f"token id at position {pos}", minimum=0, maximum=last)]
+                for pos, i in enumerate(ids)]
 
     def __call__(self, texts) -> tuple[torch.Tensor, torch.Tensor]:
         """A list of B strings -> ids (B, L) padded with [PAD] = 0 and mask (B, L), True = real token (lesson 11)."""
@@ -296,6 +313,9 @@ class MiniLM(nn.Module):
         if not isinstance(ids, torch.Tensor) or ids.dtype not in TOKEN_ID_DTYPES or ids.dim() != 2:
             got = f"{ids.dtype} {shape_str(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
             raise TypeError(f"ids must be an integer tensor of shape (B, L), got {got}")
+        if ids.shape[0] == 0 or ids.shape[1] == 0:
+            raise ValueError(f"ids must hold at least one sequence of at least one token ([CLS]), "
+                             f"got shape {shape_str(ids.shape)}")
         if ids.shape[1] > self.config.max_len:
             raise ValueError(f"ids has length {ids.shape[1]}, longer than the {self.config.max_len} "
                              "learned positions")
@@ -349,8 +369,7 @@ def load_minilm(dtype: torch.dtype = torch.float32, device=None) -> tuple[MiniLM
 @torch.no_grad()
 def sentence_embeddings(model: MiniLM, tokenizer: WordPieceTokenizer, texts, batch_size: int = 32) -> torch.Tensor:
     """Mean of the last hidden states over real tokens, L2-normalised: (B, 384) (lesson 11)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    batch_size = positive_int(batch_size, "batch_size")
     ids, mask = tokenizer(texts)  # validates texts
     device = next(model.parameters()).device
     order = mask.sum(dim=1).argsort(descending=True)  # batch sentences of similar length: less padding

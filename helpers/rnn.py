@@ -18,6 +18,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from helpers._validate import TOKEN_ID_DTYPES, as_int, positive_int, positive_ints, require_tensor, shape_str
 from helpers.attention import AdditiveAttention
+from helpers.masks import padding_mask_from_ids
 
 
 def _require_ids(x, name: str, vocab_size: int) -> None:
@@ -36,7 +37,7 @@ def _require_ids(x, name: str, vocab_size: int) -> None:
 
 def source_mask(src: torch.Tensor, pad_id: int = 0) -> torch.Tensor:
     """(B, S) boolean mask of real source tokens, True = may attend; padding must be at the end (lesson 01)."""
-    mask = src != pad_id  # (B, S)
+    mask = padding_mask_from_ids(src, pad_id)[:, 0, 0]  # (B, 1, 1, S) -> (B, S): the RNN's attention has no heads
     lengths = mask.sum(dim=1)  # (B,)
     if (lengths == 0).any():
         bad = (lengths == 0).nonzero().flatten().tolist()
@@ -240,6 +241,9 @@ class Seq2Seq(nn.Module):
         """Feed back the most likely token for ``max_len`` steps -> ids (B, max_len) [, weights (B, max_len, S)].
 
         Positions after a row's first </s> are set to pad_id. Weights are None for the fixed-context decoder.
+        The layout differs from lesson 08's ``helpers.transformer.greedy_decode``, which puts <s> in
+        column 0 and stops once every row has finished: here every column is a generated token and
+        there are always max_len of them (lesson 01's plots read one column per step).
         """
         max_len = positive_int(max_len, "max_len")
         memory = self.start(src)

@@ -44,6 +44,11 @@ def train(loss_fn, optimizer, get_batch, steps: int, desc: str = "training",
     with cpu_threads(threads) if threads is not None else nullcontext(), _progress(steps, desc) as bar:
         for step in range(steps):
             loss = loss_fn(get_batch(step))
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+                got = f"a tensor of shape {tuple(loss.shape)} dtype {loss.dtype}" if isinstance(loss, torch.Tensor) \
+                    else repr(loss)
+                raise TypeError(f"loss_fn must return the loss as a 0-d floating tensor (to call .backward() on; "
+                                f"average a per-item loss with .mean()), got {got} at step {step}")
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"loss became {loss.item()} at step {step}")
             optimizer.zero_grad(set_to_none=True)
@@ -82,7 +87,8 @@ def sequence_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int | Non
         b, t = (int(i) for i in bad.nonzero()[0])
         raise ValueError(f"targets[{b}, {t}] = {int(targets[b, t])} is not a token id: logits have V={V} "
                          f"classes (ids 0..{V - 1})")
-    return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=ignore)  # (B*T, V), (B*T,)
+    # F.cross_entropy takes int64 class ids only: int32 (or narrower) ids are widened, not refused
+    return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1).long(), ignore_index=ignore)  # (B*T, V), (B*T,)
 
 
 def _check_pair(pred, target):
@@ -94,10 +100,14 @@ def _check_pair(pred, target):
 
 
 def token_accuracy(pred: torch.Tensor, target: torch.Tensor, pad_id: int | None = None) -> float:
-    """Fraction of non-pad target tokens predicted correctly; pred, target (B, T) ids (lesson 01)."""
+    """Fraction of non-pad target tokens predicted correctly; pred, target (B, T) ids (lesson 01).
+
+    With no real token at all nothing is wrong: 1.0, as ``exact_match`` counts an all-pad row as right.
+    """
     _check_pair(pred, target)
     keep = torch.ones_like(target, dtype=torch.bool) if pad_id is None else target != pad_id
-    return ((pred == target) & keep).sum().item() / max(1, keep.sum().item())
+    n = keep.sum().item()
+    return ((pred == target) & keep).sum().item() / n if n else 1.0
 
 
 def exact_match(pred: torch.Tensor, target: torch.Tensor, pad_id: int | None = None) -> float:

@@ -8,8 +8,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.scale import KVCache, _greedy_step, greedy_decode_cached
-from helpers.transformer import Transformer, TransformerConfig, beam_search, greedy_decode
+from helpers.transformer import (
+    Transformer,
+    TransformerConfig,
+    _greedy_step,
+    beam_search,
+    greedy_decode,
+    greedy_decode_cached,
+)
 
 PAD, BOS, EOS = 0, 1, 2
 DT = torch.float64
@@ -115,7 +121,7 @@ class Table(Transformer):
     def encode(self, src):
         return torch.zeros(src.shape[0], 1, 1, dtype=DT), torch.ones(src.shape[0], 1, 1, 1, dtype=torch.bool)
 
-    def decode(self, tgt, memory, src_mask=None):
+    def _decode(self, tgt, memory, src_mask=None, cache=None):
         logits = torch.full((tgt.shape[0], tgt.shape[1], self.vocab), -1e9, dtype=DT)  # (B, T, V)
         for b, row in enumerate(tgt.tolist()):
             prefix = tuple(t for t in row if t != PAD)
@@ -215,7 +221,7 @@ def test_cached_step_reads_nothing_from_the_device():
     src = source(1, 2, 6)
     with torch.no_grad():
         memory, src_mask = model.encode(src)
-        cache = KVCache(model, memory, 10)
+        cache = model.new_decode_cache(memory, 10, static=True)
         ys = torch.full((2, 10), PAD)
         ys[:, 0] = BOS
         token, done = ys[:, :1].clone(), torch.zeros(2, dtype=torch.bool)
@@ -269,7 +275,7 @@ def test_cuda_step_never_synchronises():
     src = source(3, 2, 6).cuda()
     with torch.no_grad():
         memory, src_mask = model.encode(src)
-        cache = KVCache(model, memory, 10)
+        cache = model.new_decode_cache(memory, 10, static=True)
         ys = torch.full((2, 10), PAD, device="cuda")
         ys[:, 0] = BOS
         token, done = ys[:, :1].clone(), torch.zeros(2, dtype=torch.bool, device="cuda")

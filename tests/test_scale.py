@@ -1,4 +1,4 @@
-"""helpers.scale (lesson 09): the KV cache against uncached decoding, sparse masks, FLOPs, peak memory."""
+"""Lesson 09: the KV cache against uncached decoding, sparse masks, FLOPs, peak memory."""
 
 import os
 import sys
@@ -11,22 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers.attention import scaled_dot_product_attention
-from helpers.device import cpu_threads, peak_memory
-from helpers.masks import causal_mask
-from helpers.scale import (
-    KVCache,
-    attention_flops,
-    auto_sdpa_backend,
-    decode_step,
-    dilated_mask,
-    greedy_decode_cached,
-    loglog_slope,
-    peak_tflops,
-    peak_tflops_of,
-    sdpa_backend,
-    sliding_window_mask,
-)
-from helpers.transformer import Transformer, TransformerConfig, greedy_decode
+from helpers.device import attention_flops, cpu_threads, loglog_slope, peak_memory, peak_tflops, peak_tflops_of
+from helpers.masks import causal_mask, dilated_mask, sliding_window_mask
+from helpers.scale import auto_sdpa_backend, sdpa_backend
+from helpers.transformer import Transformer, TransformerConfig, greedy_decode, greedy_decode_cached
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -75,20 +63,21 @@ def test_cached_greedy_covers_early_stop_and_generated_pads():
     assert all(hits.values()), hits
 
 
-def test_decode_step_logits_equal_full_decoder_at_every_step():
+@pytest.mark.parametrize("static", [False, True])
+def test_cached_decode_logits_equal_full_decoder_at_every_step(static):
     model = tiny_model(3, norm_first=False)
     src = source(3, 2, 5, 9, n_pad=1)
     ys = torch.tensor([[BOS, 4, 5, 6, 3, 4], [BOS, 6, 6, 5, 4, 3]])  # (B, T): a fixed target prefix
     with torch.no_grad():
         memory, src_mask = model.encode(src)
-        cache = KVCache(model, memory, max_len=ys.shape[1])
+        cache = model.new_decode_cache(memory, max_len=ys.shape[1], static=static)
         for t in range(ys.shape[1]):
-            step = decode_step(model, cache, ys[:, t:t + 1], src_mask)
+            step = model.decode(ys[:, t:t + 1], None, src_mask, cache=cache)[:, -1]  # (B, V)
             full = model.decode(ys[:, :t + 1], memory, src_mask)[:, -1]  # (B, V)
             assert (step - full).abs().max().item() < 1e-12
-    assert cache.length == ys.shape[1]
-    with pytest.raises(ValueError, match=r"holds max_len=6 positions and is full"):
-        cache.append(0, torch.zeros(2, 1, 32, dtype=torch.float64))
+        assert cache.length == ys.shape[1]
+        with pytest.raises(ValueError, match=r"the cache holds max_len=6 positions and 6 are stored: 1 more"):
+            model.decode(ys[:, :1], None, src_mask, cache=cache)
 
 
 def test_cached_greedy_float32_lesson08_sizes_and_no_early_eos():
@@ -107,18 +96,19 @@ def test_cached_greedy_restores_training_mode_and_checks_arguments():
     model = tiny_model(1).train()
     greedy_decode_cached(model, source(1, 1, 4, 9), BOS, EOS, 5)
     assert model.training
-    with pytest.raises(ValueError, match=r"bos_id must be a target token id in \[0, 7\), got 99"):
+    with pytest.raises(ValueError, match=r"bos_id \(a target token id\) must be an int in \[0, 6\], got 99"):
         greedy_decode_cached(model, source(1, 1, 4, 9), 99, EOS, 5)
     with pytest.raises(ValueError, match=r"max_len .* got 1000"):
         greedy_decode_cached(model, source(1, 1, 4, 9), BOS, EOS, 1000)
 
 
-def test_kv_cache_shapes():
+def test_decode_cache_shapes():
     model = tiny_model(2, n_decoder_layers=3)
     memory = torch.zeros(2, 5, 32, dtype=torch.float64)
-    cache = KVCache(model, memory, max_len=10)
-    assert len(cache.k) == len(cache.memory_k) == 3
-    assert cache.k[0].shape == (2, 4, 10, 8) and cache.memory_v[2].shape == (2, 4, 5, 8)
+    cache = model.new_decode_cache(memory, max_len=10)
+    assert len(cache.self_attn) == len(cache.cross_attn) == 3
+    assert cache.self_attn[0].k.shape == (2, 4, 10, 8) and cache.cross_attn[2].v.shape == (2, 4, 5, 8)
+    assert cache.length == 0 and cache.cross_attn[0].length == 5 and cache.keep.shape == (2, 10)
 
 
 # --- sparse masks ----------------------------------------------------------------------------------

@@ -333,7 +333,7 @@ def test_greedy_decode_stops_once_every_row_has_eos():
 class Scripted(Transformer):
     """A Transformer whose next-token distribution is written by hand, to test the decoders exactly.
 
-    encode() hands the source ids on as the "memory"; decode() looks up the last position's
+    encode() hands the source ids on as the "memory"; _decode() looks up the last position's
     distribution in ``table`` (prefix -> {token: probability}) or, without a table, emits eos once
     the prefix is as long as the row's first source id and token 3 before that.
     """
@@ -345,7 +345,7 @@ class Scripted(Transformer):
     def encode(self, src):
         return src.to(DT)[..., None], torch.ones(src.shape[0], 1, 1, src.shape[1], dtype=torch.bool)
 
-    def decode(self, tgt, memory, src_mask=None):
+    def _decode(self, tgt, memory, src_mask=None, cache=None):
         B, T = tgt.shape
         logits = torch.full((B, T, TGT_V), -1e9, dtype=DT)  # (B, T, V)
         for b, row in enumerate(tgt.tolist()):

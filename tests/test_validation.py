@@ -135,22 +135,27 @@ def test_masks_that_are_neither_2d_nor_4d_are_rejected(shape):
         mha(x, memory, memory, mask=torch.ones(shape, dtype=torch.bool))
 
 
-def test_a_2d_mask_is_refused_when_b_equals_t_because_its_meaning_would_depend_on_sizes():
-    """When B == T a 2-D mask cannot be told from a (B, S) key-padding mask by its shape: refuse it and
-    name both 4-D forms; each of them then gives its own, different, result."""
+def test_a_2d_mask_is_t_by_s_even_when_b_equals_t():
+    """PyTorch's rule: a 2-D mask is (T, S) whatever the batch size, so B == T is a normal call."""
     mha = MultiHeadAttention(8, 2).to(DT).eval()
     x = rand(4, 4, 8)  # B = T = 4
-    keep = padding_mask([4, 3, 2, 1], 4)[:, 0, 0]  # (B, S) = (4, 4), intended as key padding
-    with pytest.raises(ValueError, match=r"a 2-D mask of shape \(4, 4\) is ambiguous when the batch size B "
-                                         r"equals the query length T \(both 4\).*mask\[None, None\].*"
-                                         r"helpers.masks.padding_mask"):
-        mha(x, x, x, mask=keep)
-    with pytest.raises(ValueError, match="ambiguous"):
-        mha(x, x, x, mask=causal_mask(4))
-    _, w_pad = mha(x, x, x, mask=keep[:, None, None, :])  # key padding: item b reads its first 4 - b keys
-    _, w_causal = mha(x, x, x, mask=causal_mask(4)[None, None])  # one (T, S) mask for every item
-    assert torch.all(w_pad[3, :, :, 1:] == 0) and torch.all(w_pad[0] > 0)
-    assert torch.all(w_causal[:, :, 0, 1:] == 0) and torch.all(w_causal[:, :, 3] > 0)
+    _, w_2d = mha(x, x, x, mask=causal_mask(4))
+    _, w_4d = mha(x, x, x, mask=causal_mask(4)[None, None])  # the same mask with all four axes
+    assert torch.equal(w_2d, w_4d)
+    assert torch.all(w_2d[:, :, 0, 1:] == 0) and torch.all(w_2d[:, :, 3] > 0)
+
+
+def test_a_3d_mask_that_would_put_the_batch_on_the_heads_is_refused():
+    """(B, T, S) on (B, H, T, S) scores broadcasts when B == H, silently reading item b's mask as head b's."""
+    q = rand(2, 2, 3, 4)  # (B, H, T, D) with B == H
+    keep = torch.ones(2, 3, 3, dtype=torch.bool)  # (B, T, S)
+    with pytest.raises(ValueError, match=r"a 3-D mask \(2, 3, 3\) on 4-D scores .* would be broadcast onto "
+                                         r"the wrong axes .*mask\[:, None\] for \(B, 1, T, S\)"):
+        scaled_dot_product_attention(q, q, q, mask=keep)
+    out, _ = scaled_dot_product_attention(q, q, q, mask=keep[:, None])  # (B, 1, T, S): fine
+    assert out.shape == (2, 2, 3, 4)
+    qa = rand(2, 3, 4)  # (B, T, D): 3-D scores take a 3-D mask
+    assert scaled_dot_product_attention(qa, qa, qa, mask=keep)[0].shape == (2, 3, 4)
 
 
 @pytest.mark.parametrize("B, T", [(1, 1), (1, 5), (3, 5)])

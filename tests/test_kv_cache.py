@@ -1,0 +1,282 @@
+"""The KV cache inside the model (lesson 09): one attention module's cache, grouped-query attention,
+the residual step, and the Transformer's cached decoding against its uncached forward."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention, softmax
+from helpers.masks import cached_causal_mask, causal_mask, padding_mask_from_ids
+from helpers.transformer import Transformer, TransformerConfig, residual
+
+DT = torch.float64
+PAD = 0
+
+
+def mha(seed, d_model=16, n_heads=4, n_kv_heads=None):
+    torch.manual_seed(seed)
+    return MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads).to(DT).eval()
+
+
+def rand(*shape, seed=0):
+    return torch.randn(*shape, dtype=DT, generator=torch.Generator().manual_seed(seed))
+
+
+# --- grouped-query attention -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+def test_grouped_query_attention_equals_torch_with_enable_gqa(n_kv_heads):
+    module = mha(0, n_kv_heads=n_kv_heads)
+    assert module.w_k.weight.shape == (n_kv_heads * 4, 16) and module.w_v.weight.shape == (n_kv_heads * 4, 16)
+    x, mem = rand(2, 5, 16, seed=1), rand(2, 7, 16, seed=2)
+    mask = padding_mask_from_ids(torch.tensor([[3, 4, 5, 6, 7, 0, 0], [1, 2, 3, 4, 5, 6, 7]]), PAD)  # (B, 1, 1, S)
+    out, weights = module(x, mem, mem, mask=mask)
+    q = module.w_q(x).view(2, 5, 4, 4).transpose(1, 2)  # (B, H, T, D)
+    k = module.w_k(mem).view(2, 7, n_kv_heads, 4).transpose(1, 2)  # (B, Hkv, S, D)
+    v = module.w_v(mem).view(2, 7, n_kv_heads, 4).transpose(1, 2)
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # (B, H, T, D)
+    expected = module.w_o(theirs.transpose(1, 2).reshape(2, 5, 16))
+    assert (out - expected).abs().max() < 1e-12
+    assert weights.shape == (2, 4, 5, 7)
+    fused, none = module(x, mem, mem, mask=mask, need_weights=False)
+    assert none is None and (fused - expected).abs().max() < 1e-12
+
+
+def test_query_heads_of_one_group_read_the_same_keys():
+    """With one KV head (multi-query) every head's weights come from the same keys: changing w_q of head 0
+    only changes head 0's weights."""
+    module = mha(1, n_kv_heads=1)
+    x = rand(1, 3, 16, seed=3)
+    _, before = module(x, x, x)
+    with torch.no_grad():
+        module.w_q.weight[:4] += 1.0  # the rows of query head 0
+    _, after = module(x, x, x)
+    assert not torch.allclose(before[:, 0], after[:, 0]) and torch.equal(before[:, 1:], after[:, 1:])
+
+
+def test_bad_n_kv_heads_are_refused():
+    with pytest.raises(ValueError, match="n_heads=4 is not divisible by n_kv_heads=3"):
+        MultiHeadAttention(16, 4, n_kv_heads=3)
+    with pytest.raises(ValueError, match="n_kv_heads must be a positive int, got 0"):
+        MultiHeadAttention(16, 4, n_kv_heads=0)
+
+
+# --- one module's cache ----------------------------------------------------------------------------------
+
+def test_new_cache_shapes_and_defaults():
+    module = mha(0, n_kv_heads=2)
+    cache = module.new_cache(3, 10)
+    assert isinstance(cache, KVCache)
+    assert cache.k.shape == cache.v.shape == (3, 2, 10, 4)
+    assert cache.k.dtype == DT and cache.length == 0 and cache.max_len == 10
+    assert module.new_cache(1, 4, dtype=torch.float32).k.dtype == torch.float32
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 1000), cuts=st.lists(st.integers(1, 4), min_size=1, max_size=5),
+       n_kv_heads=st.sampled_from([4, 2, 1]))
+def test_cached_self_attention_in_chunks_equals_one_causal_call(seed, cuts, n_kv_heads):
+    """Feeding positions in chunks of any sizes through the cache gives the causal call's output."""
+    module = mha(seed, n_kv_heads=n_kv_heads)
+    T = sum(cuts)
+    x = rand(2, T, 16, seed=seed)
+    full, _ = module(x, x, x, mask=causal_mask(T))
+    cache, start, outs = module.new_cache(2, T + 1), 0, []
+    for n in cuts:
+        chunk = x[:, start:start + n]
+        # query j of the chunk sits at slot start + j: it sees slots 0 .. start + j
+        mask = torch.arange(start + n)[None, :] <= (start + torch.arange(n))[:, None]  # (T_new, length + T_new)
+        outs.append(module(chunk, chunk, chunk, mask=mask, cache=cache)[0])
+        start += n
+    assert cache.length == T
+    assert (torch.cat(outs, dim=1) - full).abs().max() < 1e-12
+
+
+def test_a_cache_attends_to_every_stored_slot_and_reads_without_writing():
+    module = mha(2)
+    mem = rand(2, 6, 16, seed=4)
+    cache = module.new_cache(2, 6)
+    x = rand(2, 3, 16, seed=5)
+    out, w = module(x, mem, mem, cache=cache)  # writes the 6 memory positions
+    assert cache.length == 6 and w.shape == (2, 4, 3, 6)
+    again, _ = module(x, None, None, cache=cache)  # read only: no new position
+    assert cache.length == 6 and torch.equal(out, again)
+    assert (out - module(x, mem, mem)[0]).abs().max() < 1e-12
+
+
+def test_writing_past_max_len_raises_naming_max_len_and_changes_nothing():
+    module = mha(3)
+    cache = module.new_cache(1, 4)
+    x = rand(1, 3, 16)
+    module(x, x, x, cache=cache)
+    k_before = cache.k.clone()
+    with pytest.raises(ValueError, match=r"the cache holds max_len=4 positions and 3 are stored: 2 more do not fit"):
+        module(x[:, :2], x[:, :2], x[:, :2], cache=cache)
+    assert cache.length == 3 and torch.equal(cache.k, k_before)
+
+
+def test_a_mask_with_a_cache_refers_to_the_cached_slots():
+    module = mha(4)
+    cache = module.new_cache(1, 8)
+    x = rand(1, 3, 16)
+    module(x, x, x, cache=cache)
+    with pytest.raises(ValueError, match=r"a 2-D mask is read as \(T, S\) = \(2, 5\)"):
+        module(x[:, :2], x[:, :2], x[:, :2], mask=causal_mask(2), cache=cache)
+
+
+def test_a_cache_of_another_module_or_batch_is_refused():
+    module = mha(5)
+    x = rand(2, 3, 16)
+    with pytest.raises(ValueError, match=r"the cache holds keys \(1, 4, 8, 4\).*need .* \(2, 4, 8, 4\)"):
+        module(x, x, x, cache=module.new_cache(1, 8))
+    with pytest.raises(TypeError, match="cache must be a helpers.attention.KVCache"):
+        module(x, x, x, cache={"k": None})
+
+
+def test_a_static_cache_keeps_every_step_the_same_shape():
+    module = mha(6)
+    cache = module.new_cache(1, 5, static=True)
+    x = rand(1, 5, 16, seed=7)
+    full, _ = module(x, x, x, mask=causal_mask(5))
+    outs = []
+    for t in range(5):
+        filled = torch.arange(5) <= t  # (max_len,): the slots written so far, this one included
+        out, w = module(x[:, t:t + 1], x[:, t:t + 1], x[:, t:t + 1], mask=filled[None, :], cache=cache)
+        assert w.shape == (1, 4, 1, 5)  # every step reads all max_len slots
+        outs.append(out)
+    assert int(cache.position) == cache.length == 5
+    assert (torch.cat(outs, dim=1) - full).abs().max() < 1e-12
+
+
+# --- the residual step ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_residual_is_pre_ln_or_post_ln(norm_first):
+    x = rand(2, 3, 8)
+    norm = torch.nn.LayerNorm(8).to(DT)
+
+    def sublayer(h):
+        return 2.0 * h + 1.0
+
+    def dropout(h):
+        return 0.5 * h  # stands for the dropout layer: its place in the formula is what is tested
+
+    got = residual(x, sublayer, norm, norm_first, dropout)
+    expected = x + 0.5 * sublayer(norm(x)) if norm_first else norm(x + 0.5 * sublayer(x))
+    assert torch.equal(got, expected)
+
+
+# --- the Transformer's cached decoding --------------------------------------------------------------------
+
+def model_and_batch(seed, norm_first):
+    torch.manual_seed(seed)
+    model = Transformer(TransformerConfig.tiny(9, 7, norm_first=norm_first)).to(DT).eval()
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(1, 9, (3, 6), generator=g)
+    src[1, 4:] = PAD
+    tgt = torch.randint(1, 7, (3, 8), generator=g)
+    tgt[0, 5:] = PAD  # trailing padding
+    tgt[2, 3] = PAD  # a pad in the middle: hidden from the later queries
+    return model, src, tgt
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("static", [False, True])
+def test_cached_decoding_gives_the_uncached_logits(norm_first, static):
+    model, src, tgt = model_and_batch(1, norm_first)
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        full = model.decode(tgt, memory, src_mask)  # (B, T, V)
+        cache = model.new_decode_cache(memory, 10, static=static)
+        steps = torch.cat([model.decode(tgt[:, t:t + 1], None, src_mask, cache=cache) for t in range(8)], dim=1)
+    assert (steps - full).abs().max() < 1e-12
+    assert cache.length == 8 and torch.equal(cache.keep[:, :8], tgt != PAD)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 1000), first=st.integers(1, 7), norm_first=st.booleans())
+def test_cached_decoding_in_two_chunks_gives_the_uncached_logits(seed, first, norm_first):
+    model, src, tgt = model_and_batch(seed, norm_first)
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        full = model.decode(tgt, memory, src_mask)
+        cache = model.new_decode_cache(memory, 8)
+        parts = [model.decode(tgt[:, :first], memory, src_mask, cache=cache),
+                 model.decode(tgt[:, first:], None, src_mask, cache=cache)]
+    assert (torch.cat(parts, dim=1) - full).abs().max() < 1e-12
+
+
+def test_cached_decoding_projects_the_memory_once():
+    model, src, tgt = model_and_batch(2, True)
+    calls = []
+    hook = model.decoder.layers[0].cross_attn.w_k.register_forward_hook(lambda m, i, o: calls.append(i[0].shape))
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        cache = model.new_decode_cache(memory, 8)
+        for t in range(8):
+            model.decode(tgt[:, t:t + 1], None, src_mask, cache=cache)
+    hook.remove()
+    assert calls == [memory.shape]
+
+
+def test_cached_decode_checks_its_cache():
+    model, src, tgt = model_and_batch(3, True)
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        cache = model.new_decode_cache(memory, 4)
+        with pytest.raises(TypeError, match="cache must be a DecoderCache"):
+            model.decode(tgt, memory, src_mask, cache=object())
+        with pytest.raises(ValueError, match=r"the cache was made for a batch of 3"):
+            model.decode(tgt[:1], None, src_mask, cache=cache)
+        with pytest.raises(ValueError, match=r"max_len=4 positions and 0 are stored: 8 more do not fit"):
+            model.decode(tgt, None, src_mask, cache=cache)
+        with pytest.raises(ValueError, match=r"max_len=100 exceeds the model's max_len=64"):
+            model.new_decode_cache(memory, 100)
+
+
+# --- masks from ids, and values that poison the output ----------------------------------------------------
+
+def test_padding_mask_from_ids():
+    ids = torch.tensor([[5, 6, 0, 0], [0, 3, 4, 0]])
+    mask = padding_mask_from_ids(ids, 0)
+    assert mask.shape == (2, 1, 1, 4) and mask[:, 0, 0].tolist() == [[True, True, False, False],
+                                                                     [False, True, True, False]]
+    with pytest.raises(TypeError, match="ids must hold integer token ids, got dtype torch.float32"):
+        padding_mask_from_ids(ids.float(), 0)
+    with pytest.raises(ValueError, match=r"ids must have shape \(B, S\), got \(4\)"):
+        padding_mask_from_ids(ids[0], 0)
+
+
+def test_softmax_of_a_row_holding_plus_inf_is_its_limit_with_a_finite_gradient():
+    inf = float("inf")
+    x = torch.tensor([[0.0, inf, 0.0], [inf, 1.0, inf], [1.0, 2.0, 3.0]], dtype=DT, requires_grad=True)
+    p = softmax(x)
+    assert p[0].tolist() == [0.0, 1.0, 0.0] and p[1].tolist() == [0.5, 0.0, 0.5]
+    assert torch.allclose(p[2], torch.softmax(x[2], dim=-1))
+    (p * torch.arange(3, dtype=DT)).sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert torch.isnan(softmax(torch.tensor([1.0, float("nan")]))).all()  # NaN stays NaN, as in torch
+
+
+def test_a_nan_in_a_masked_key_gives_no_nan_gradient():
+    q = rand(1, 2, 3, 4, seed=1).requires_grad_()
+    k, v = rand(1, 2, 5, 4, seed=2), rand(1, 2, 5, 4, seed=3)
+    k[..., 4, :] = float("nan")  # padding that nobody reads
+    v[..., 4, :] = float("inf")
+    mask = torch.tensor([True, True, True, True, False])[None, None, None, :]  # (1, 1, 1, S)
+    out, _ = scaled_dot_product_attention(q, k, v, mask=mask)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+    q2 = q.detach().clone().requires_grad_()
+    ref = F.scaled_dot_product_attention(q2, k[..., :4, :], v[..., :4, :])
+    ref.sum().backward()
+    assert (out - ref).abs().max() < 1e-12 and (q.grad - q2.grad).abs().max() < 1e-12
+
+
+def test_cached_causal_mask_shifts_the_causal_mask_by_the_cached_positions():
+    assert torch.equal(cached_causal_mask(0, 5, 5), causal_mask(5))
+    assert torch.equal(cached_causal_mask(3, 2, 5), causal_mask(5)[3:])  # the last two rows of the full mask
+    assert torch.equal(cached_causal_mask(torch.tensor(3), 2, 7)[:, :5], causal_mask(5)[3:])  # a static cache's slots
+    assert not cached_causal_mask(torch.tensor(3), 2, 7)[:, 5:].any()  # slots not written yet
