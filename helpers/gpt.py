@@ -162,8 +162,9 @@ class GPT(nn.Module):
         past, T_new = caches[0].length, ids.shape[1]
         x = self._embed(ids, offset=past)  # (B, T_new, C), positions past..past+T_new-1
         # new query i sits at position past + i and may read slots 0..past + i
-        mask = None if T_new == 1 else causal_mask(past + T_new, device=ids.device)[None, None, past:]  # (1, 1, T_new, S)
-        for block, cache in zip(self.blocks, caches):
+        # (1, 1, T_new, past + T_new); one new query may read every slot, so it needs no mask
+        mask = None if T_new == 1 else causal_mask(past + T_new, device=ids.device)[None, None, past:]
+        for block, cache in zip(self.blocks, caches, strict=True):
             x = block(x, mask, False, cache)  # (B, T_new, C)
         return self.head(self.norm(x))  # (B, T_new, V)
 

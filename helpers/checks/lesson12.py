@@ -161,14 +161,14 @@ def check_cached_step(fn) -> CheckResult:
     def no_offset(model, prompt, token):
         caches = _prefilled(model, prompt)
         x = model.pos(model.embed(token), offset=0)
-        for block, cache in zip(model.blocks, caches):
+        for block, cache in zip(model.blocks, caches, strict=True):
             x = block(x, None, False, cache)
         return model.head(model.norm(x))[:, -1]
 
     def no_norm(model, prompt, token):
         caches = _prefilled(model, prompt)
         x = model.pos(model.embed(token), offset=caches[0].length)
-        for block, cache in zip(model.blocks, caches):
+        for block, cache in zip(model.blocks, caches, strict=True):
             x = block(x, None, False, cache)
         return model.head(x)[:, -1]
 
@@ -179,7 +179,7 @@ def check_cached_step(fn) -> CheckResult:
 
 
 def check_predict_cache_bytes(predicted) -> CheckResult:
-    """Compare a predicted KV-cache size in bytes of the course GPT (batch 1, full context) with new_caches (lesson 12)."""
+    """Compare a predicted KV-cache size in bytes of the course GPT (batch 1, full context) with it (lesson 12)."""
     def measure():
         from helpers.gpt import GPT, GPTConfig
 

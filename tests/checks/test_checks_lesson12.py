@@ -82,7 +82,7 @@ def test_bits_per_char(accepts, rejects):
 
 def cached_step(model, caches, token):
     x = model.pos(model.embed(token), offset=caches[0].length)
-    for block, cache in zip(model.blocks, caches):
+    for block, cache in zip(model.blocks, caches, strict=True):
         x = block(x, None, False, cache)
     return model.head(model.norm(x))[:, -1]
 
@@ -93,13 +93,13 @@ def test_cached_step(accepts, rejects):
 
     def no_offset(model, caches, token):
         x = model.pos(model.embed(token))
-        for block, cache in zip(model.blocks, caches):
+        for block, cache in zip(model.blocks, caches, strict=True):
             x = block(x, None, False, cache)
         return model.head(model.norm(x))[:, -1]
 
     def no_norm(model, caches, token):
         x = model.pos(model.embed(token), offset=caches[0].length)
-        for block, cache in zip(model.blocks, caches):
+        for block, cache in zip(model.blocks, caches, strict=True):
             x = block(x, None, False, cache)
         return model.head(x)[:, -1]
 
