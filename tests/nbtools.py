@@ -131,6 +131,8 @@ def normalise(nb: dict, path: Path) -> dict:
         tags = cell.get("metadata", {}).get("tags")
         if tags:
             new["metadata"]["tags"] = list(dict.fromkeys(tags))
+        if cell["cell_type"] == "markdown" and cell.get("metadata", {}).get("jp-MarkdownHeadingCollapsed"):
+            new["metadata"]["jp-MarkdownHeadingCollapsed"] = True  # a folded "Going deeper" heading
         if cell["cell_type"] == "code":
             outputs = []
             for out in cell.get("outputs", []):
