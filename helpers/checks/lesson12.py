@@ -34,7 +34,7 @@ def check_top_p_filter(fn) -> CheckResult:
     probs = torch.tensor([0.05, 0.5, 0.15, 0.3])
     cases = [Case("probabilities (0.05, 0.5, 0.15, 0.3), top_p=0.6 (the token that crosses 0.6 stays)",
                   (probs.log(), 0.6)),
-             Case("the same, top_p=0.5 (the first token already reaches it)", (probs.log(), 0.5)),
+             Case("the same, top_p=0.45 (the first token alone reaches it)", (probs.log(), 0.45)),
              Case("the same, top_p=0.01 (one token always stays)", (probs.log(), 0.01)),
              Case("a batch (3, 20) of random logits, top_p=0.9", (2 * torch.randn(3, 20, generator=g), 0.9)),
              Case("random logits (2, 30), top_p=1.0 (keeps all)", (torch.randn(2, 30, generator=g), 1.0))]
