@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import TOKEN_ID_DTYPES, as_int, positive_int, shape_str
+from helpers._validate import as_int, positive_int, shape_str
 from helpers.attention import MultiHeadAttention
 from helpers.masks import causal_mask
 from helpers.positional import LearnedPositionalEmbedding
-from helpers.transformer import FeedForward, residual
+from helpers.transformer import FeedForward, _check_ids, residual
 
 CHECKPOINT = "gpt_shakespeare.pt"  # the course's trained model, in data/ (made by `make train-gpt`)
 
@@ -71,27 +71,6 @@ class GPTConfig:
     def course(cls, vocab_size: int, **overrides) -> GPTConfig:
         """The size of the course's trained checkpoint: C 128, 4 heads, 4 layers, context 128 (lesson 12)."""
         return replace(cls(vocab_size, d_model=128, n_heads=4, n_layers=4, d_ff=512, max_len=128), **overrides)
-
-
-def _check_ids(ids, vocab_size: int, max_len: int, device) -> None:
-    """Raise a clear error unless ids is a (B, T) integer tensor of valid ids, T <= max_len, on device."""
-    if not isinstance(ids, torch.Tensor):
-        raise TypeError(f"ids must be a torch.Tensor of token ids, got {type(ids).__name__}")
-    if ids.dtype not in TOKEN_ID_DTYPES:
-        raise TypeError(f"ids must hold integer token ids (torch.int64 or torch.int32), got dtype {ids.dtype}")
-    if ids.dim() != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise ValueError(f"ids must have shape (B, T) with B, T >= 1 (a batch of id sequences), "
-                         f"got {shape_str(ids.shape)}")
-    if ids.device != device:
-        raise ValueError(f"ids are on {ids.device} but the model is on {device}: use ids.to({str(device)!r})")
-    if ids.shape[1] > max_len:
-        raise ValueError(f"ids have length T={ids.shape[1]}, longer than the model's max_len={max_len}: "
-                         "the position table has no row beyond it")
-    bad = (ids < 0) | (ids >= vocab_size)
-    if bad.any():
-        where = tuple(bad.nonzero()[0].tolist())
-        raise ValueError(f"ids hold token id {ids[where].item()} at position {where}, outside the vocabulary "
-                         f"of size {vocab_size} (valid ids are 0..{vocab_size - 1})")
 
 
 class Block(nn.Module):
@@ -146,7 +125,7 @@ class GPT(nn.Module):
 
     def forward(self, ids: torch.Tensor, need_weights: bool = False) -> torch.Tensor:
         """ids (B, T) -> logits (B, T, V); ``need_weights`` keeps each block's (B, H, T, T) in ``attn_weights``."""
-        _check_ids(ids, self.config.vocab_size, self.config.max_len, self.embed.weight.device)
+        _check_ids(ids, "ids", self.config.vocab_size, self.config.max_len, self.embed.weight.device)
         x = self._embed(ids)  # (B, T, C)
         mask = causal_mask(ids.shape[1], device=ids.device)[None, None]  # (1, 1, T, T): position t sees 0..t
         for block in self.blocks:
@@ -178,7 +157,7 @@ class GPT(nn.Module):
         are kept (one KV cache per block) and each step runs the model on the newest token only.
         """
         cfg = self.config
-        _check_ids(ids, cfg.vocab_size, cfg.max_len, self.embed.weight.device)
+        _check_ids(ids, "ids", cfg.vocab_size, cfg.max_len, self.embed.weight.device)
         max_new_tokens = as_int(max_new_tokens, "max_new_tokens", minimum=0)
         total = ids.shape[1] + max_new_tokens
         if total > cfg.max_len:

@@ -244,7 +244,7 @@ def test_bad_ids_give_clear_errors():
     model = make_model()
     with pytest.raises(TypeError, match="int64"):
         model(torch.zeros(1, 3))
-    with pytest.raises(ValueError, match=r"\(B, T\)"):
+    with pytest.raises(ValueError, match=r"\(B, L\)"):
         model(torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="token id 11 at position"):
         model(torch.tensor([[1, 11]]))
