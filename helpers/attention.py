@@ -12,7 +12,6 @@ from helpers._validate import (
     check_additive_inputs,
     check_bool_mask,
     check_mha_inputs,
-    check_mha_mask,
     check_qkv,
     positive_int,
     probability,
@@ -126,8 +125,7 @@ class MultiHeadAttention(nn.Module):
     then depend on the sizes (give it 4-D: ``mask[None, None]``).
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
-                 n_kv_heads: int | None = None):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
         super().__init__()
         d_model, n_heads = positive_int(d_model, "d_model"), positive_int(n_heads, "n_heads")
         if d_model % n_heads != 0:
@@ -135,45 +133,25 @@ class MultiHeadAttention(nn.Module):
                 f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets "
                 f"d_model / n_heads = {d_model / n_heads:g} features, which must be a whole number"
             )
-        n_kv_heads = n_heads if n_kv_heads is None else positive_int(n_kv_heads, "n_kv_heads")
-        if n_heads % n_kv_heads != 0:
-            raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: each group of "
-                             "query heads must share one key/value head")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
-        self.n_kv_heads = n_kv_heads
         self.dropout = nn.Dropout(probability(dropout, "dropout"))  # on the attention weights
         self.w_q = nn.Linear(d_model, d_model, bias=bias)
-        self.w_k = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
-        self.w_v = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.w_k = nn.Linear(d_model, d_model, bias=bias)
+        self.w_v = nn.Linear(d_model, d_model, bias=bias)
         self.w_o = nn.Linear(d_model, d_model, bias=bias)
 
-    def _split_heads(self, x: torch.Tensor, n_heads: int | None = None) -> torch.Tensor:
-        B, L, _ = x.shape
-        H = self.n_heads if n_heads is None else n_heads
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, C = x.shape
         # view as (B, L, H, D) first: the H*D features of a position stay together
-        return x.view(B, L, H, self.head_dim).transpose(1, 2)  # (B, L, H*D) -> (B, H, L, D)
+        return x.view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, L, C) -> (B, H, L, D)
 
-    def new_cache(self, batch: int, max_len: int, dtype=None, device=None) -> KVCache:
-        """An empty KVCache for this module: batch rows, max_len positions (stand-in for issue 21)."""
-        w = self.w_k.weight
-        return KVCache(batch, self.n_kv_heads, max_len, self.head_dim,
-                       dtype=w.dtype if dtype is None else dtype, device=w.device if device is None else device)
-
-    def forward(self, query, key, value, mask=None, need_weights: bool = True, cache=None):
-        if cache is not None:
-            return self._forward_cached(query, key, value, mask, need_weights, cache)
+    def forward(self, query, key, value, mask=None, need_weights: bool = True):
         check_mha_inputs(self, query, key, value, mask, need_weights)
         B, T, C = query.shape
         # 1) project, then split into heads
         q = self._split_heads(self.w_q(query))  # (B, H, T, D)
-        k = self._split_heads(self.w_k(key), self.n_kv_heads)  # (B, Hkv, S, D)
-        v = self._split_heads(self.w_v(value), self.n_kv_heads)  # (B, Hkv, S, D)
-        return self._attend(q, k, v, mask, need_weights, B, T, C)
-
-    def _attend(self, q, k, v, mask, need_weights, B, T, C):
-        group = self.n_heads // self.n_kv_heads
-        if group > 1:  # query head h reads key/value head h // group
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, S, D)
+        k = self._split_heads(self.w_k(key))  # (B, H, S, D)
+        v = self._split_heads(self.w_v(value))  # (B, H, S, D)
         # 2) attend in every head at once: with the weights, or in PyTorch's fused kernel without
         p = self.dropout.p if self.training else 0.0
         if need_weights:
@@ -183,42 +161,6 @@ class MultiHeadAttention(nn.Module):
         # 3) concatenate the heads and mix them with W_O
         out = out.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
         return self.w_o(out), weights  # (B, T, C), (B, H, T, S) or None
-
-    def _forward_cached(self, query, key, value, mask, need_weights, cache):
-        if not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a helpers.attention.KVCache, got {type(cache).__name__}")
-        check_mha_inputs(self, query, key, value, None, need_weights)
-        B, T, C = query.shape
-        T_new = key.shape[1]
-        if cache.k.shape[0] != B or cache.k.shape[1] != self.n_kv_heads or cache.k.shape[3] != self.head_dim:
-            raise ValueError(f"cache holds {shape_str(cache.k.shape)} but this module needs "
-                             f"(B={B}, n_kv_heads={self.n_kv_heads}, max_len, head_dim={self.head_dim})")
-        end = cache.length + T_new
-        if end > cache.max_len:
-            raise ValueError(f"the cache holds {cache.length} of max_len={cache.max_len} positions; "
-                             f"{T_new} more do not fit")
-        if mask is not None:
-            check_mha_mask(mask, B, self.n_heads, T, end, device=query.device)
-        q = self._split_heads(self.w_q(query))  # (B, H, T, D)
-        cache.k[:, :, cache.length:end] = self._split_heads(self.w_k(key), self.n_kv_heads)  # (B, Hkv, T_new, D)
-        cache.v[:, :, cache.length:end] = self._split_heads(self.w_v(value), self.n_kv_heads)
-        cache.length = end
-        k, v = cache.k[:, :, :end], cache.v[:, :, :end]  # (B, Hkv, length, D)
-        return self._attend(q, k, v, mask, need_weights, B, T, C)
-
-
-class KVCache:
-    """Keys and values of one MultiHeadAttention, preallocated for max_len positions (stand-in for issue 21).
-
-    k, v: (B, n_kv_heads, max_len, head_dim); ``length`` positions are stored.
-    """
-
-    def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int, dtype=None, device=None):
-        batch, max_len = positive_int(batch, "batch"), positive_int(max_len, "max_len")
-        self.k = torch.zeros(batch, n_kv_heads, max_len, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
-        self.length = 0
-        self.max_len = max_len
 
 
 @torch.no_grad()

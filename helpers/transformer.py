@@ -135,13 +135,6 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(hidden))  # (B, T, d_ff) -> (B, T, C)
 
 
-def residual(x, sublayer, norm, norm_first: bool, dropout):
-    """Pre-LN x + dropout(sublayer(norm(x))) or Post-LN norm(x + dropout(sublayer(x))) (stand-in for issue 21)."""
-    if norm_first:
-        return x + dropout(sublayer(norm(x)))
-    return norm(x + dropout(sublayer(x)))
-
-
 class EncoderLayer(nn.Module):
     """Self-attention and feed-forward, each wrapped in dropout + residual + LayerNorm (lesson 07).
 
