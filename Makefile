@@ -150,6 +150,12 @@ render: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
+# Lesson 12's trained GPT, data/gpt_shakespeare.pt, from a fixed seed (data/README.md lists its sha256,
+# held-out bits per character and time). One CPU thread, as it was made.
+.PHONY: train-gpt
+train-gpt: $(STAMP)
+	$(PY) data/train_gpt.py
+
 # The oldest versions requirements.txt allows (the newest patch release of each floor), in a
 # second environment on the oldest Python: unit tests, then every notebook with --nbval-lax
 # (outputs recorded with newer versions may differ in the last digits; every assert still runs).

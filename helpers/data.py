@@ -315,3 +315,31 @@ def char_vocabs(pairs) -> tuple[Vocab, Vocab]:
     if not pairs:
         raise ValueError("pairs is empty: need at least one (source, target) pair")
     return Vocab("".join(s for s, _ in pairs)), Vocab("".join(t for _, t in pairs))
+
+
+# --- English text for the GPT of lesson 12 ------------------------------------------------------
+
+TEXT_FILE = "shakespeare.txt"  # ten plays of Shakespeare as plain ASCII text (data/README.md says whence)
+TEXT_SPLITS = {"train": 0.90, "valid": 0.05, "test": 0.05}  # shares of the text, in this order
+
+
+def load_text(split: str, data_dir=None) -> str:
+    """The 'train', 'valid' or 'test' part of data/shakespeare.txt, disjoint and in that order (lesson 12).
+
+    The parts are consecutive: each cut lies at the first blank line after its share of the text,
+    so no speech is split between two parts. The file's sha256 is checked first.
+    """
+    if split not in TEXT_SPLITS:
+        raise ValueError(f"split must be one of {list(TEXT_SPLITS)}, got {split!r}")
+    path = (find_data_dir() if data_dir is None else Path(data_dir)) / TEXT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no data file {path}")
+    check_sha256(path)
+    text = path.read_bytes().decode("ascii")
+    cuts, share = [0], 0.0
+    for name in list(TEXT_SPLITS)[:-1]:
+        share += TEXT_SPLITS[name]
+        cuts.append(text.index("\n\n", int(share * len(text))) + 2)  # just after a blank line
+    cuts.append(len(text))
+    i = list(TEXT_SPLITS).index(split)
+    return text[cuts[i]:cuts[i + 1]]

@@ -1,4 +1,4 @@
-"""Architecture diagrams drawn from the lesson's own sizes (lessons 01-09).
+"""Architecture diagrams drawn from the lesson's own sizes (lessons 01-12).
 
 Every diagram function takes the sizes it labels and returns a matplotlib ``Figure``, so a
 picture cannot disagree with the numbers of the lesson that draws it. Colours follow
@@ -17,6 +17,7 @@ Diagrams, by lesson:
 - 07 ``pre_post_ln_diagram``: Post-LN and Pre-LN blocks side by side.
 - 08 ``encoder_decoder_diagram``: the whole encoder-decoder Transformer of a config.
 - 09 ``kv_cache_diagram``: a KV cache growing by one key/value per generated token.
+- 12 ``gpt_diagram``: a decoder-only GPT, its tied embedding and one KV cache per block.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from helpers.plot import ROLE_COLORS, mask_cmap
 
 __all__ = ["seq2seq_diagram", "rnn_vs_attention_path_diagram", "qkv_diagram", "softmax_gradient_diagram",
            "multi_head_diagram", "mask_diagram", "positional_rotation_diagram", "pre_post_ln_diagram",
-           "encoder_decoder_diagram", "kv_cache_diagram", "flash_tiles_diagram", "minilm_diagram",
+           "encoder_decoder_diagram", "kv_cache_diagram", "flash_tiles_diagram", "minilm_diagram", "gpt_diagram",
            "box", "arrow", "token_row", "tensor", "legend", "canvas"]
 
 FONT = 10  # points; at 100 dpi every label stays readable at 100 % zoom
@@ -809,4 +810,59 @@ def kv_cache_diagram(n_steps, d_model, n_heads, n_layers=1, prompt_len=1):
             f"({2 * H * D * n_layers} for all {n_layers} layers); before step 1 the cache "
             + (f"holds {prompt_len} token{'s' if prompt_len > 1 else ''}" if prompt_len else "is empty"),
             fontsize=FONT, va="center")
+    return fig
+
+
+# --- 12: the decoder-only GPT -------------------------------------------------------------------
+
+
+def gpt_diagram(config, T=None):
+    """A decoder-only GPT of a GPTConfig: tied embedding, Pre-LN causal blocks with their KV caches (lesson 12)."""
+    sz = _sizes(config, d_model=None, n_heads=None, d_ff=None, n_layers=None, vocab_size=None, max_len=None)
+    C, H = sz["d_model"], sz["n_heads"]
+    D = _heads(C, H)
+    F = _positive_int("d_ff", sz["d_ff"])
+    n = _positive_int("n_layers", sz["n_layers"])
+    V = _positive_int("vocab_size", sz["vocab_size"])
+    L = _positive_int("max_len", sz["max_len"])
+    kv = getattr(config, "n_kv_heads", None) or H
+    T_txt = "T" if T is None else f"T = {_positive_int('T', T, L)}"
+    fig, ax = canvas(9.0, 8.0, f"decoder-only GPT: C = {C}, H = {H} (D = {D}), d_ff = {F}, {n} blocks, "
+                     f"V = {V}, context {L}")
+    x, w = 3.3, 3.6
+    box(ax, x, 0.45, w, 0.42, f"token ids (B, {T_txt})", fontsize=SMALL)
+    box(ax, x - 0.95, 1.15, 1.7, 0.5, f"token embedding\n({V}, {C})", role="weights", fontsize=SMALL)
+    box(ax, x + 0.95, 1.15, 1.7, 0.5, f"learned positions\n({L}, {C})", role="position", fontsize=SMALL)
+    arrow(ax, (x - 0.95, 0.67), (x - 0.95, 0.9))
+    arrow(ax, (x + 0.95, 0.67), (x + 0.95, 0.9))
+    ax.text(x, 1.15, "+", ha="center", va="center", fontsize=FONT + 4)
+    y = 1.4
+    drawn = list(range(n)) if n <= 3 else [0, None, n - 1]
+    h = min(1.6, 4.4 / len(drawn))
+    for i in drawn:
+        arrow(ax, (x, y), (x, y + 0.2))
+        yc = y + 0.2 + h / 2
+        if i is None:
+            ax.text(x, yc, f"... blocks 2 to {n - 1} ...", ha="center", va="center", fontsize=FONT)
+        else:
+            box(ax, x, yc, w, h - 0.1, fill=False)
+            ax.text(x - w / 2 + 0.1, yc + h / 2 - 0.22, f"block {i + 1} (Pre-LN)", fontsize=SMALL, weight="bold")
+            box(ax, x, yc + 0.02, w - 0.3, 0.3, "x + causal self-attention(LayerNorm(x))", role="mask",
+                fontsize=SMALL)
+            box(ax, x, yc - 0.4, w - 0.3, 0.28, f"x + feed-forward(LayerNorm(x)): {C} -> {F} -> {C}",
+                fontsize=SMALL)
+            box(ax, x + w / 2 + 1.45, yc + 0.02, 2.3, 0.5, f"KV cache, K and V:\n(B, {kv}, {L}, {D}) each",
+                role="key", fontsize=SMALL)
+            arrow(ax, (x + w / 2 - 0.15, yc + 0.02), (x + w / 2 + 0.3, yc + 0.02), role="key", style="<|-|>")
+        y += 0.2 + h
+    arrow(ax, (x, y), (x, y + 0.2))
+    box(ax, x, y + 0.42, w, 0.4, "final LayerNorm", fontsize=SMALL)
+    arrow(ax, (x, y + 0.62), (x, y + 0.82))
+    box(ax, x, y + 1.07, w, 0.5, f"output = same ({V}, {C}) matrix, transposed\nlogits (B, {T_txt}, V = {V})",
+        role="weights", fontsize=SMALL)
+    arrow(ax, (x - 0.95 - 0.85, 1.15), (x - w / 2, y + 1.07), role="weights", lw=1.2,
+          connectionstyle="arc3,rad=-0.35", text="tied", text_offset=(-1.2, 0.0))
+    ax.text(x + w / 2 + 1.45, y + 1.07, "generation: each step runs\nonly the newest token and\nreads every "
+            "earlier K, V\nfrom the caches", ha="center", va="center", fontsize=SMALL)
+    _fit_height(fig, ax, y + 1.85)
     return fig

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from helpers import diagrams  # noqa: E402
+from helpers.gpt import GPTConfig  # noqa: E402
 from helpers.plot import ROLE_COLORS, heads_grid, mask_heatmap  # noqa: E402
 from helpers.transformer import TransformerConfig  # noqa: E402
 
@@ -81,6 +82,10 @@ CASES = [
      ["position 0", "q0 . k0: 1 score", "(1, 4, 4, 16)", "k3", "the cache is empty"]),
     (diagrams.kv_cache_diagram, dict(n_steps=2, d_model=24, n_heads=3, prompt_len=6),
      ["H = 3 heads of D = 8", "(1, 3, 8, 8)", "q7", "48 numbers"]),
+    (diagrams.gpt_diagram, dict(config=GPTConfig(70, 64, 4, 2, 256, 64)),
+     ["C = 64", "D = 16", "2 blocks", "(70, 64)", "(64, 64)", "block 2", "(B, 4, 64, 16)", "tied"]),
+    (diagrams.gpt_diagram, dict(config=GPTConfig(50, 96, 6, 5, 384, 32, n_kv_heads=2), T=20),
+     ["H = 6", "5 blocks", "T = 20", "blocks 2 to 4", "block 5", "(B, 2, 32, 16)", "96 -> 384 -> 96"]),
 ]
 
 
@@ -99,7 +104,7 @@ def test_diagram_draws_and_labels_its_sizes(fn, kwargs, expected):
 
 def test_every_diagram_is_tested_at_two_sizes():
     names = [n for n in diagrams.__all__ if n.endswith("_diagram")]
-    assert len(names) == 12
+    assert len(names) == 13
     counts = {n: sum(fn.__name__ == n for fn, _, _ in CASES) for n in names}
     assert all(c >= 2 for c in counts.values()), counts
 

@@ -18,3 +18,4 @@ from helpers.checks.lesson08 import *  # noqa: F403
 from helpers.checks.lesson09 import *  # noqa: F403
 from helpers.checks.lesson10 import *  # noqa: F403
 from helpers.checks.lesson11 import *  # noqa: F403
+from helpers.checks.lesson12 import *  # noqa: F403

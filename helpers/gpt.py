@@ -1,0 +1,320 @@
+"""A decoder-only language model (GPT) built from the course's own pieces (lesson 12).
+
+Token embedding + learned positions, N Pre-LN blocks of ``MultiHeadAttention`` (causal) and
+``FeedForward``, a final LayerNorm, and an output layer that shares the embedding's weights
+(Radford et al. 2018/2019; Press & Wolf 2017 for the tying). Generation reuses the one KV cache
+of ``helpers.attention`` (``MultiHeadAttention.new_cache``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers._validate import as_int, positive_int, shape_str
+from helpers.attention import MultiHeadAttention
+from helpers.masks import causal_mask
+from helpers.positional import LearnedPositionalEmbedding
+from helpers.transformer import FeedForward, _check_ids, residual
+
+CHECKPOINT = "gpt_shakespeare.pt"  # the course's trained model, in data/ (made by `make train-gpt`)
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Every size of a GPT in one frozen place; validated on creation (lesson 12)."""
+
+    vocab_size: int  # V, the number of token ids; a property of the tokenizer, so no default
+    d_model: int  # width C of the residual stream
+    n_heads: int  # query heads H; d_model / n_heads features per head
+    n_layers: int  # Pre-LN blocks stacked
+    d_ff: int  # hidden width of each feed-forward net; 4 * d_model as in GPT-2
+    max_len: int  # longest context: the learned position table has this many rows
+    dropout: float = 0.0  # on embeddings, residual branches and attention weights; 0 for small data runs
+    n_kv_heads: int | None = None  # key/value heads: None = one per query head (MHA), 1 = multi-query
+    tie_weights: bool = True  # output layer = embedding matrix (Press & Wolf 2017): fewer parameters
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: each head gets "
+                             f"d_model / n_heads = {self.d_model / self.n_heads:g} features, which must be whole")
+        kv = self.n_kv_heads
+        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0 or self.n_heads % kv):
+            raise ValueError(f"n_kv_heads must be None or a positive divisor of n_heads={self.n_heads}, got {kv!r}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
+                or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.tie_weights, bool):
+            raise TypeError(f"tie_weights must be True or False, got {self.tie_weights!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """Features per head, d_model / n_heads (lesson 12)."""
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def tiny(cls, vocab_size: int = 11, **overrides) -> GPTConfig:
+        """A model small enough for unit tests to run in milliseconds (lesson 12)."""
+        return replace(cls(vocab_size, d_model=16, n_heads=4, n_layers=2, d_ff=32, max_len=32), **overrides)
+
+    @classmethod
+    def course(cls, vocab_size: int, **overrides) -> GPTConfig:
+        """The size of the course's trained checkpoint: C 128, 4 heads, 4 layers, context 128 (lesson 12)."""
+        return replace(cls(vocab_size, d_model=128, n_heads=4, n_layers=4, d_ff=512, max_len=128), **overrides)
+
+
+class Block(nn.Module):
+    """One Pre-LN decoder block: x + attn(norm(x)), then x + ff(norm(x)) (lesson 12)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(config.d_model)
+        self.attn = MultiHeadAttention(config.d_model, config.n_heads, dropout=config.dropout,
+                                       n_kv_heads=config.n_kv_heads)
+        self.norm2 = nn.LayerNorm(config.d_model)
+        self.ff = FeedForward(config.d_model, config.d_ff, config.dropout, activation="gelu")
+        self.dropout = nn.Dropout(config.dropout)
+        self.attn_weights = None  # (B, H, T, S) of the last forward that asked for them
+
+    def _attend(self, h, mask, need_weights, cache):
+        out, weights = self.attn(h, h, h, mask=mask, need_weights=need_weights, cache=cache)  # (B, T, C)
+        self.attn_weights = None if weights is None else weights.detach()
+        return out
+
+    def forward(self, x, mask=None, need_weights: bool = False, cache=None):
+        """x (B, T, C), mask (1, 1, T, S) True = may attend, optional KV cache -> (B, T, C)."""
+        x = residual(x, lambda h: self._attend(h, mask, need_weights, cache), self.norm1, True, self.dropout)
+        return residual(x, self.ff, self.norm2, True, self.dropout)  # (B, T, C)
+
+
+class GPT(nn.Module):
+    """Decoder-only Transformer: ``forward(ids (B, T)) -> logits (B, T, V)`` for the next token (lesson 12)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos = LearnedPositionalEmbedding(config.max_len, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = nn.LayerNorm(config.d_model)  # Pre-LN leaves the last block's output unnormalised
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        # GPT-2's initialisation: N(0, 0.02) for every weight matrix and table, zero biases
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        if config.tie_weights:
+            self.head.weight = self.embed.weight  # one (V, C) matrix reads tokens in and scores them out
+
+    def _embed(self, ids, offset: int = 0):
+        return self.dropout(self.pos(self.embed(ids), offset=offset))  # (B, T) -> (B, T, C)
+
+    def forward(self, ids: torch.Tensor, need_weights: bool = False) -> torch.Tensor:
+        """ids (B, T) -> logits (B, T, V); ``need_weights`` keeps each block's (B, H, T, T) in ``attn_weights``."""
+        _check_ids(ids, "ids", self.config.vocab_size, self.config.max_len, self.embed.weight.device)
+        x = self._embed(ids)  # (B, T, C)
+        mask = causal_mask(ids.shape[1], device=ids.device)[None, None]  # (1, 1, T, T): position t sees 0..t
+        for block in self.blocks:
+            x = block(x, mask, need_weights)  # (B, T, C)
+        return self.head(self.norm(x))  # (B, T, V)
+
+    def new_caches(self, batch: int, max_len: int):
+        """One empty KV cache per block, from ``MultiHeadAttention.new_cache`` (lesson 12)."""
+        return [block.attn.new_cache(batch, max_len) for block in self.blocks]
+
+    def forward_cached(self, ids: torch.Tensor, caches) -> torch.Tensor:
+        """Logits (B, T_new, V) of the new ids (B, T_new), after the positions already in ``caches`` (lesson 12)."""
+        past, T_new = caches[0].length, ids.shape[1]
+        x = self._embed(ids, offset=past)  # (B, T_new, C), positions past..past+T_new-1
+        # new query i sits at position past + i and may read slots 0..past + i
+        # (1, 1, T_new, past + T_new); one new query may read every slot, so it needs no mask
+        mask = None if T_new == 1 else causal_mask(past + T_new, device=ids.device)[None, None, past:]
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x = block(x, mask, False, cache)  # (B, T_new, C)
+        return self.head(self.norm(x))  # (B, T_new, V)
+
+    @torch.no_grad()
+    def generate(self, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k=None,
+                 top_p=None, generator=None, use_cache: bool = True) -> torch.Tensor:
+        """Sample max_new_tokens after ids (B, T) -> (B, T + max_new_tokens); top_k=1 is greedy (lesson 12).
+
+        Each step draws one ``torch.multinomial(..., generator=generator)`` for the whole batch from
+        ``softmax(filter_logits(...))``. With ``use_cache`` the keys and values of earlier positions
+        are kept (one KV cache per block) and each step runs the model on the newest token only.
+        """
+        cfg = self.config
+        _check_ids(ids, "ids", cfg.vocab_size, cfg.max_len, self.embed.weight.device)
+        max_new_tokens = as_int(max_new_tokens, "max_new_tokens", minimum=0)
+        total = ids.shape[1] + max_new_tokens
+        if total > cfg.max_len:
+            raise ValueError(f"the prompt's {ids.shape[1]} tokens + max_new_tokens={max_new_tokens} = {total} "
+                             f"exceed the model's max_len={cfg.max_len}")
+        if not isinstance(use_cache, bool):
+            raise TypeError(f"use_cache must be True or False, got {use_cache!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        filter_logits(torch.zeros(1, cfg.vocab_size), temperature, top_k, top_p)  # check the knobs once
+        was_training = self.training
+        self.eval()
+        try:
+            out = ids
+            if use_cache:
+                caches = self.new_caches(ids.shape[0], total)
+                logits = self.forward_cached(ids, caches)[:, -1]  # (B, V)
+            for step in range(max_new_tokens):
+                if not use_cache:
+                    logits = self(out)[:, -1]  # (B, T, V) -> (B, V): the whole prefix again
+                probs = torch.softmax(filter_logits(logits, temperature, top_k, top_p).float(), dim=-1)  # (B, V)
+                token = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+                out = torch.cat([out, token.to(out.dtype)], dim=1)  # (B, t + 1)
+                if use_cache and step < max_new_tokens - 1:
+                    logits = self.forward_cached(token.to(out.dtype), caches)[:, -1]  # only the new token
+        finally:
+            self.train(was_training)
+        return out
+
+
+def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k=None, top_p=None) -> torch.Tensor:
+    """logits / temperature with the entries outside top-k, then outside top-p, set to -inf (lesson 12).
+
+    top_k keeps the k largest (ties broken as ``torch.topk`` does). top_p keeps the smallest set of
+    most probable tokens whose probability reaches top_p: a token is kept while the tokens before it
+    (sorted by probability, largest first) sum to less than top_p, so the token that crosses top_p is
+    kept and so is the most probable one. top_p=1.0 keeps all.
+    """
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() < 1 \
+            or logits.shape[-1] == 0:
+        got = f"{shape_str(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a floating tensor (..., V) with V >= 1, got {got}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a positive finite number (1.0 = unchanged; use top_k=1 for "
+                         f"greedy), got {temperature!r}")
+    x = logits / temperature
+    if top_k is not None:
+        top_k = min(positive_int(top_k, "top_k"), x.shape[-1])
+        keep = torch.zeros_like(x, dtype=torch.bool).scatter_(-1, x.topk(top_k, dim=-1).indices, True)
+        x = x.masked_fill(~keep, float("-inf"))
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be a probability in (0, 1], got {top_p!r}")
+        if top_p < 1.0:
+            probs = torch.softmax(x.double(), dim=-1)  # (..., V); float64 so the running sum is exact enough
+            sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # (..., V)
+            before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of the tokens ranked above
+            keep_sorted = before < top_p
+            keep_sorted[..., 0] = True  # the most probable token always stays
+            keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+            x = x.masked_fill(~keep, float("-inf"))
+    return x
+
+
+def parameter_count(config: GPTConfig) -> int:
+    """The number of trainable parameters of ``GPT(config)``, by formula (lesson 12)."""
+    C, V, F_, L = config.d_model, config.vocab_size, config.d_ff, config.n_layers
+    kv = (config.n_kv_heads or config.n_heads) * config.head_dim
+    attn = (C * C + C) * 2 + (C * kv + kv) * 2  # w_q, w_o; w_k, w_v
+    ff = (C * F_ + F_) + (F_ * C + C)
+    per_block = attn + ff + 2 * 2 * C  # two LayerNorms of weight + bias
+    head = 0 if config.tie_weights else V * C
+    return V * C + config.max_len * C + L * per_block + 2 * C + head
+
+
+def random_windows(ids: torch.Tensor, block: int, batch_size: int, generator=None):
+    """(x, y) of shape (batch_size, block): random windows of ids and the same shifted by one (lesson 12)."""
+    block, batch_size = positive_int(block, "block"), positive_int(batch_size, "batch_size")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() <= block:
+        raise ValueError(f"ids must be a 1-D tensor longer than block={block}, got "
+                         f"{shape_str(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__}")
+    starts = torch.randint(0, ids.numel() - block, (batch_size,), generator=generator)  # (B,)
+    offsets = starts[:, None] + torch.arange(block)  # (B, block)
+    return ids[offsets], ids[offsets + 1]  # (B, block), (B, block)
+
+
+@torch.no_grad()
+def bits_per_char(model: GPT, ids: torch.Tensor, block: int | None = None, batch_size: int = 32) -> float:
+    """Mean -log2 p(next token) over 1-D ``ids``, cut into windows of ``block`` tokens (lesson 12).
+
+    Each window predicts its tokens 1..block from the tokens before them in the same window.
+    """
+    block = model.config.max_len if block is None else positive_int(block, "block")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() < 2:
+        raise ValueError("ids must be a 1-D tensor of at least 2 token ids")
+    was_training = model.training
+    model.eval()
+    device = model.embed.weight.device
+    n = (ids.numel() - 1) // block * block  # whole windows only
+    if n == 0:
+        n, block = ids.numel() - 1, ids.numel() - 1
+    x, y = ids[:n].view(-1, block), ids[1:n + 1].view(-1, block)  # (N, block) each
+    total = 0.0
+    try:
+        for i in range(0, x.shape[0], batch_size):
+            logits = model(x[i:i + batch_size].to(device))  # (b, block, V)
+            total += F.cross_entropy(logits.flatten(0, 1).double(), y[i:i + batch_size].flatten().to(device),
+                                     reduction="sum").item()
+    finally:
+        model.train(was_training)
+    return total / n / math.log(2)
+
+
+def save_checkpoint(model: GPT, vocab, path) -> str:
+    """Save config, weights (float32) and vocabulary symbols to ``path``; return its sha256 (lesson 12)."""
+    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+    torch.save({"config": asdict(model.config), "state_dict": state, "symbols": "".join(vocab.itos[3:])}, path)
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def load_course_gpt(device=None):
+    """The course's trained GPT (sha256 checked, eval mode) and its ``helpers.data.Vocab`` (lesson 12)."""
+    from helpers.data import DataFileError, Vocab, check_sha256, find_data_dir
+
+    path = find_data_dir() / CHECKPOINT
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint {path}: restore it from the repository or rebuild it with "
+                                "`make train-gpt`")
+    check_sha256(path)
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    if set(saved) != {"config", "state_dict", "symbols"}:
+        raise DataFileError(f"{path} does not hold a course GPT checkpoint (keys {sorted(saved)})")
+    model = GPT(GPTConfig(**saved["config"]))
+    model.load_state_dict(saved["state_dict"])
+    return model.to(device if device is not None else "cpu").eval(), Vocab(saved["symbols"])
+
+
+def ngram_bits_per_char(train_ids: torch.Tensor, eval_ids: torch.Tensor, vocab_size: int, order: int) -> float:
+    """Bits per character of ``eval_ids`` under a unigram (order 1) or bigram (order 2) model (lesson 12).
+
+    The counts come from ``train_ids``, plus one for every possible token (add-one smoothing), so a
+    pair never seen in training still gets a small probability.
+    """
+    V = positive_int(vocab_size, "vocab_size")
+    for name, t in (("train_ids", train_ids), ("eval_ids", eval_ids)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() < 2 or t.is_floating_point():
+            raise ValueError(f"{name} must be a 1-D integer tensor of at least 2 ids")
+        if int(t.min()) < 0 or int(t.max()) >= V:
+            raise ValueError(f"{name} holds ids outside 0..{V - 1}")
+    if order == 1:
+        counts = torch.bincount(train_ids, minlength=V).double() + 1  # (V,)
+        logp = (counts / counts.sum()).log()  # (V,)
+        return -logp[eval_ids[1:]].mean().item() / math.log(2)  # the same positions the GPT predicts
+    if order == 2:
+        pairs = train_ids[:-1] * V + train_ids[1:]  # one id per (previous, next) pair
+        counts = torch.bincount(pairs, minlength=V * V).double().view(V, V) + 1  # (V, V)
+        logp = (counts / counts.sum(dim=1, keepdim=True)).log()  # row = previous token
+        return -logp[eval_ids[:-1], eval_ids[1:]].mean().item() / math.log(2)
+    raise ValueError(f"order must be 1 (unigram) or 2 (bigram), got {order!r}")
