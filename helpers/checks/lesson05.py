@@ -7,7 +7,7 @@ from torch.overrides import TorchFunctionMode
 
 from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
 from helpers.checks._core import Bug, Case, CheckResult, Reject, check, check_prediction, describe, torch_calls
-from helpers.masks import causal_mask, padding_mask
+from helpers.masks import causal_mask, padding_mask, padding_mask_from_ids
 
 __all__ = ["check_causal_mask", "check_padding_mask", "check_masked_attention", "check_mha_masks",
            "check_leaks_future", "check_predict_causal_fraction"]
@@ -40,10 +40,6 @@ def check_causal_mask(fn) -> CheckResult:
 
 # 2) a padding mask from token ids ---------------------------------------------------------------
 
-def _from_ids(ids, pad_id):
-    return (ids != pad_id)[:, None, None, :]  # (B, S) -> (B, 1, 1, S)
-
-
 def check_padding_mask(fn) -> CheckResult:
     """Check ``padding_mask_from_ids(ids (B, S), pad_id) -> (B, 1, 1, S)`` bool (lesson 05)."""
     right = torch.tensor([[5, 6, 7, 8, 0, 0], [9, 4, 0, 0, 0, 0], [3, 3, 3, 3, 3, 3]])  # (B, S)
@@ -54,7 +50,7 @@ def check_padding_mask(fn) -> CheckResult:
              Case("ids (2, 5) with pad_id=2", (odd, 2))]
     bugs = [
         Bug("polarity flipped: True must mean 'a real token, may attend', False 'padding'",
-         lambda ids, pad_id: ~_from_ids(ids, pad_id)),
+         lambda ids, pad_id: ~padding_mask_from_ids(ids, pad_id)),
         Bug("shape (B, S): add two axes, (B, 1, 1, S), so that it broadcasts over heads and queries",
          lambda ids, pad_id: ids != pad_id),
         Bug("shape (B, 1, S, 1) masks queries, not keys: put the S axis last, (B, 1, 1, S)",
@@ -65,7 +61,7 @@ def check_padding_mask(fn) -> CheckResult:
             "(left-padded rows start with pads)",
          lambda ids, pad_id: (torch.cumsum(ids == pad_id, dim=-1) == 0)[:, None, None, :]),
     ]
-    return check("padding_mask", fn, _from_ids, cases, bugs=bugs)
+    return check("padding_mask", fn, padding_mask_from_ids, cases, bugs=bugs)
 
 
 # 3) masked attention that never gives NaN -------------------------------------------------------

@@ -2,7 +2,7 @@
 is rejected with its own message (the words listed with it), not with a generic "values differ".
 
 The table also measures the share of generic rejections over all its wrong answers (at most 10%).
-Lesson 10's checks have their own tests.
+Lesson 10's checks have their own tests (tests/checks/test_checks_lesson10.py); lesson 12's are here too.
 """
 
 import math
@@ -961,6 +961,102 @@ mistakes("check_pad_batch", [_pad, _pad_sequence], [
     (lambda lists, p: (_pad(lists, 0)[0], _pad(lists, p)[1]), "whatever pad_id is"),
     (lambda lists, p: (_pad(lists, p)[0], _pad(lists, p)[1].long()), "dtype torch.bool"),
 ])
+
+# --- lesson 12 ------------------------------------------------------------------------------------
+
+def _top_p(logits, top_p):
+    probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+    keep = probs.cumsum(-1) - probs < top_p  # the mass before each token is below top_p
+    return logits.masked_fill(~torch.zeros_like(keep).scatter(-1, order, keep), float("-inf"))
+
+
+def _top_p_loop(logits, top_p):
+    out = torch.full_like(logits, float("-inf"))
+    for row, o in zip(logits.reshape(-1, logits.shape[-1]), out.view(-1, logits.shape[-1]), strict=True):
+        total = 0.0
+        for i in torch.softmax(row.double(), -1).argsort(descending=True).tolist():
+            o[i] = row[i]
+            total += torch.softmax(row.double(), -1)[i].item()
+            if total >= top_p:
+                break
+    return out
+
+
+def _drops_crossing(x, p):
+    s, o = torch.softmax(x, -1).sort(-1, descending=True)
+    return x.masked_fill(~torch.zeros_like(s, dtype=torch.bool).scatter(-1, o, s.cumsum(-1) <= p), float("-inf"))
+
+
+mistakes("check_top_p_filter", [_top_p, _top_p_loop], [
+    (_drops_crossing, "the token that crosses top_p was dropped"),
+    (lambda x, p: _top_p(x, p).sort(-1, descending=True).values, "sorted order"),
+    (lambda x, p: _top_p(x, p).nan_to_num(neginf=0.0), "not 0"),
+])
+
+mistakes("check_temperature_sample", [
+    lambda x, t, g: torch.multinomial(torch.softmax(x / t, dim=-1), 1, generator=g),
+    lambda x, t, g: torch.multinomial(F.softmax(x.div(t), -1), num_samples=1, generator=g),
+], [
+    (lambda x, t, g: torch.multinomial(torch.softmax(x * t, dim=-1), 1, generator=g), "multiplied"),
+    (lambda x, t, g: x.argmax(-1, keepdim=True), "greedy"),
+    (lambda x, t, g: torch.multinomial(torch.softmax(x / t, 0), 1, generator=g), "dim=-1"),
+])
+
+
+def _bpc(model, vocab, text):
+    ids = torch.tensor([vocab.encode(text)])
+    with torch.no_grad():
+        logits = model(ids[:, :-1])  # (1, L - 1, V): each position predicts the next character
+    return F.cross_entropy(logits[0], ids[0, 1:]).item() / math.log(2)
+
+
+def _bpc_gather(model, vocab, text):
+    ids = torch.tensor([vocab.encode(text)])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids)[0, :-1], dim=-1)  # (L - 1, V)
+    return -logp.gather(-1, ids[0, 1:, None]).mean().item() / math.log(2)
+
+
+mistakes("check_bits_per_char", [_bpc, _bpc_gather], [
+    (lambda m, v, t: _bpc(m, v, t) * math.log(2), "nats"),
+    (lambda m, v, t: _bpc(m, v, t) * (len(t) - 1), "the total"),
+])
+
+
+def _cached_step(model, caches, token):
+    x = model.pos(model.embed(token), offset=caches[0].length)
+    for block, cache in zip(model.blocks, caches, strict=True):
+        x = block(x, None, False, cache)
+    return model.head(model.norm(x))[:, -1]
+
+
+def _cached_step_indexed(model, caches, token):
+    x = model.embed(token)  # (B, 1, C)
+    x = model.pos(x, offset=caches[0].length)  # the newest token sits after the cached ones
+    for i, block in enumerate(model.blocks):
+        x = block(x, None, False, caches[i])
+    return model.head(model.norm(x))[:, -1]  # (B, V)
+
+
+def _no_offset(model, caches, token):
+    x = model.pos(model.embed(token))
+    for block, cache in zip(model.blocks, caches, strict=True):
+        x = block(x, None, False, cache)
+    return model.head(model.norm(x))[:, -1]
+
+
+def _no_norm(model, caches, token):
+    x = model.pos(model.embed(token), offset=caches[0].length)
+    for block, cache in zip(model.blocks, caches, strict=True):
+        x = block(x, None, False, cache)
+    return model.head(x)[:, -1]
+
+
+mistakes("check_cached_step", [_cached_step, _cached_step_indexed], [
+    (_no_offset, "caches[0].length"),
+    (_no_norm, "final LayerNorm"),
+])
+
 
 # --- the table's tests ----------------------------------------------------------------------------
 
