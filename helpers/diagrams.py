@@ -694,7 +694,8 @@ def flash_tiles_diagram(T, S, D, block_q, block_k, causal=False, query_block=Non
             fontsize=FONT, weight="bold")
     ax.text(g0x - 0.1, g0y + (n_q - 0.5 - i) * cell, f"block {i}", ha="right", va="center", fontsize=SMALL)
     done = sum(not skipped(i, b) for b in range(n_k))
-    note = f"block {i} visits {done} of {n_k} key blocks" + (f"; grey: {sum(skipped(a, b) for a in range(n_q) for b in range(n_k))} skipped tiles" if causal else "")
+    n_skipped = sum(skipped(a, b) for a in range(n_q) for b in range(n_k))
+    note = f"block {i} visits {done} of {n_k} key blocks" + (f"; grey: {n_skipped} skipped tiles" if causal else "")
     ax.text(g0x + n_k * cell / 2, g0y - 0.3, note, ha="center", fontsize=SMALL)
     return fig
 
