@@ -2,7 +2,7 @@
 
     python benchmarks/run_all.py                          # everything, default sizes for the device
     python benchmarks/run_all.py --quick                  # small sizes: a smoke test in about a minute
-    python benchmarks/run_all.py --only kv_cache flash    # a subset: attention, mha, kv_cache, flash, minilm
+    python benchmarks/run_all.py --only kv_cache flash    # a subset: attention, mha, kv_cache, flash, minilm, gpt
     python benchmarks/run_all.py --device cpu --threads 1 --tag quiet
 
 Results go to benchmarks/results/<benchmark>_<cpu|cuda>[_<tag>].json and .md.
@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # so that `import benc
 
 import bench_attention  # noqa: E402
 import bench_flash  # noqa: E402
+import bench_gpt  # noqa: E402
 import bench_kv_cache  # noqa: E402
 import bench_mha  # noqa: E402
 import bench_minilm  # noqa: E402
@@ -27,7 +28,7 @@ import bench_minilm  # noqa: E402
 # flash kernel at small sizes (seconds) and lists the contestants that need a GPU as skipped.
 # bench_threads is not here: it measures the CPU thread policy with an extra busy process (see README.md).
 BENCHMARKS = {"attention": bench_attention, "mha": bench_mha, "kv_cache": bench_kv_cache, "flash": bench_flash,
-              "minilm": bench_minilm}
+              "minilm": bench_minilm, "gpt": bench_gpt}
 
 
 def main(argv=None) -> int:
