@@ -21,26 +21,8 @@ import inspect
 import math
 import sys
 
+import common  # the benchmarks' shared measuring and reporting (benchmarks/common.py)
 import torch
-from common import (
-    DTYPES,
-    add_repeat_args,
-    affordable,
-    announce,
-    command_line,
-    fit_peak,
-    fmt_mib,
-    fmt_ms,
-    fmt_ratio,
-    is_out_of_memory,
-    markdown_table,
-    measure_contestants,
-    memory_budget,
-    native_dtypes,
-    release_memory,
-    save,
-    stand_in_note,
-)
 
 from helpers.attention import MultiHeadAttention, to_torch_mha
 from helpers.device import peak_memory
@@ -89,12 +71,12 @@ def calibrate(contestants, args, device, dtype, mode) -> dict:
         try:
             peaks = [peak_memory(make_call(fn, inputs(args, T, device, dtype, mode), mode), device=device)
                      for T in CALIBRATION_SIZES]
-        except Exception as err:  # noqa: BLE001  (out of memory even at small sizes: never affordable)
-            if not is_out_of_memory(err):
+        except Exception as err:  # noqa: BLE001  (out of memory even at small sizes: never common.affordable)
+            if not common.is_out_of_memory(err):
                 raise
             fits[name] = (math.inf, math.inf)
             continue
-        fits[name] = fit_peak(CALIBRATION_SIZES, peaks)
+        fits[name] = common.fit_peak(CALIBRATION_SIZES, peaks)
     return fits
 
 
@@ -128,8 +110,8 @@ def make_row(args, dtype_name, in_place_of, mode, T, contestants, diff, t, mem, 
 
 def run(args, device) -> list[dict]:
     rows = []
-    for dtype_name, in_place_of in native_dtypes(args.dtypes, device):  # fp16 for bf16 on a T4 or V100
-        dtype = DTYPES[dtype_name]
+    for dtype_name, in_place_of in common.native_dtypes(args.dtypes, device):  # fp16 for bf16 on a T4 or V100
+        dtype = common.DTYPES[dtype_name]
         torch.manual_seed(0)
         ours, theirs = twins(args.d_model, args.heads, device, dtype)
         contestants = {
@@ -149,30 +131,31 @@ def run(args, device) -> list[dict]:
                 try:
                     diff, scale = check_outputs(contestants, x)
                 except Exception as err:  # noqa: BLE001  (only out-of-memory errors are caught)
-                    if not is_out_of_memory(err):
+                    if not common.is_out_of_memory(err):
                         raise
                     why = "out of memory in the output check: " + str(err).split("\n")[0][:160]
                     print(f"skip T={T} {dtype_name} {mode}: {why}", flush=True)
                     rows.append(make_row(args, dtype_name, in_place_of, mode, T, contestants, {}, {}, {},
                                          dict.fromkeys(contestants, why)))
-                    release_memory(device)
+                    common.release_memory(device)
                     continue
                 # relative to the size of the outputs; half precision keeps 2-3 significant digits
                 tol = (1e-4 if dtype == torch.float32 else 3e-2) * max(1.0, scale)
                 if max(diff.values()) > tol:
                     raise AssertionError(f"outputs differ by {diff} > {tol} at T={T} {dtype_name}")
                 fns = {name: make_call(fn, x, mode) for name, fn in contestants.items()}
-                fns, _, skipped = affordable(fns, fits, T, memory_budget(device))
-                t, mem, oom = measure_contestants(fns, device, repeats=args.repeats, warmup=args.warmup)
+                fns, _, skipped = common.affordable(fns, fits, T, common.memory_budget(device))
+                t, mem, oom = common.measure_contestants(fns, device, repeats=args.repeats, warmup=args.warmup)
                 skipped.update(oom)
                 for name, why in skipped.items():
                     print(f"skip {name} at T={T} {dtype_name} {mode}: {why}", flush=True)
                 row = make_row(args, dtype_name, in_place_of, mode, T, contestants, diff, t, mem, skipped)
                 rows.append(row)
-                print(f"{dtype_name} {mode:6} T={T:5}: course {fmt_ms(row['course_s'])} ms, course(fused) "
-                      f"{fmt_ms(row['course_fused_s'])} ms, torch(weights) {fmt_ms(row['torch_weights_s'])} ms, "
-                      f"torch(fused) {fmt_ms(row['torch_fused_s'])} ms, max |diff| {row['max_abs_diff']:.2g}",
-                      flush=True)
+                ms = {k: common.fmt_ms(row[k]) for k in ("course_s", "course_fused_s", "torch_weights_s",
+                                                            "torch_fused_s")}
+                print(f"{dtype_name} {mode:6} T={T:5}: course {ms['course_s']} ms, course(fused) "
+                      f"{ms['course_fused_s']} ms, torch(weights) {ms['torch_weights_s']} ms, "
+                      f"torch(fused) {ms['torch_fused_s']} ms, max |diff| {row['max_abs_diff']:.2g}", flush=True)
                 del x, fns
     return rows
 
@@ -191,17 +174,19 @@ def markdown(rows) -> str:
             "(above 1: the course module is slower); `course (fused)` = the course's module with "
             "need_weights=False (F.scaled_dot_product_attention inside). |diff| is the largest output "
             "difference from torch (fused) on the first sequence of the batch, checked before timing.\n\n")
-    mib = lambda r, n: fmt_mib(r["peak_bytes"].get(n))  # noqa: E731
-    table = markdown_table(
+    mib = lambda r, n: common.fmt_mib(r["peak_bytes"].get(n))  # noqa: E731
+    table = common.markdown_table(
         ["dtype", "pass", "T", "course ms", "course (fused) ms", "torch (weights) ms", "torch (fused) ms",
          "course / weights", "course / fused", "course (fused) / torch (fused)", "course MiB",
          "torch (fused) MiB", "max abs diff"],
-        [[r["dtype"], r["mode"], r["T"], fmt_ms(r["course_s"]), fmt_ms(r["course_fused_s"]),
-          fmt_ms(r["torch_weights_s"]), fmt_ms(r["torch_fused_s"]), fmt_ratio(r["course_vs_torch_weights"]),
-          fmt_ratio(r["course_vs_torch_fused"]), fmt_ratio(r["course_fused_vs_torch_fused"]), mib(r, "course"),
-          mib(r, "torch_fused"), "-" if r["max_abs_diff"] is None else f"{r['max_abs_diff']:.1e}"] for r in rows])
-    if stand_in_note(rows):
-        table += "\n\n" + stand_in_note(rows)
+        [[r["dtype"], r["mode"], r["T"]]
+         + [common.fmt_ms(r[k]) for k in ("course_s", "course_fused_s", "torch_weights_s", "torch_fused_s")]
+         + [common.fmt_ratio(r[k]) for k in ("course_vs_torch_weights", "course_vs_torch_fused",
+                                             "course_fused_vs_torch_fused")]
+         + [mib(r, "course"), mib(r, "torch_fused"), "-" if r["max_abs_diff"] is None else f"{r['max_abs_diff']:.1e}"]
+         for r in rows])
+    if common.stand_in_note(rows):
+        table += "\n\n" + common.stand_in_note(rows)
     skips = [f"- {r['dtype']} {r['mode']} T={r['T']}: {name} skipped ({why})"
              for r in rows for name, why in r["skipped"].items()]
     if skips:
@@ -220,14 +205,14 @@ def markdown(rows) -> str:
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", help="sequence lengths T")
-    p.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=None,
+    p.add_argument("--dtypes", nargs="+", choices=sorted(common.DTYPES), default=None,
                    help="default: fp32 on CPU, fp32 and bf16 on CUDA")
     p.add_argument("--modes", nargs="+", choices=["fwd", "fwdbwd"], default=["fwd", "fwdbwd"])
     p.add_argument("--batch", type=int, default=None, help="B (default 4 on CPU, 8 on CUDA)")
     p.add_argument("--d-model", type=int, default=None, help="C (default 256 on CPU, 1024 on CUDA)")
     p.add_argument("--heads", type=int, default=None, help="H (default 8 on CPU, 16 on CUDA)")
-    add_repeat_args(p)
-    return command_line(p, argv)
+    common.add_repeat_args(p)
+    return common.command_line(p, argv)
 
 
 def main(argv=None) -> dict:
@@ -240,10 +225,10 @@ def main(argv=None) -> dict:
     args.d_model = args.d_model or (1024 if cuda else 256)
     args.heads = args.heads or (16 if cuda else 8)
     args.repeats = args.repeats or (3 if args.quick else (10 if cuda else 7))
-    env = announce("multi-head attention benchmark", device)
+    env = common.announce("multi-head attention benchmark", device)
     rows = run(args, device)
     payload = dict(benchmark="mha", environment=env, settings=vars(args), rows=rows)
-    save("mha", device, payload, markdown(rows), args)
+    common.save("mha", device, payload, markdown(rows), args)
     return payload
 
 
