@@ -66,14 +66,19 @@ def _labels(name: str, tokens, n: int, default: str) -> list[str]:
 
 
 def _sizes(config, **given):
-    """Sizes from a TransformerConfig-like object, overridden by explicit keyword values."""
+    """Sizes from a TransformerConfig-like object, overridden by explicit keyword values, each a positive int.
+
+    With d_model and n_heads among them, the head width is added as "D" (d_model must divide by n_heads).
+    """
     out = {}
     for name, value in given.items():
         if value is None and config is not None:
             value = getattr(config, name, None)
         if value is None:
             raise ValueError(f"{name} is missing: pass a TransformerConfig as config or {name}=...")
-        out[name] = value
+        out[name] = value if name in ("d_model", "n_heads") else _positive_int(name, value)
+    if "d_model" in out and "n_heads" in out:
+        out["D"] = _heads(out["d_model"], out["n_heads"])
     return out
 
 
@@ -506,8 +511,7 @@ def positional_rotation_diagram(d_model, pair=0, n_positions=8, m=1, n=3, shift=
 def pre_post_ln_diagram(config=None, *, d_model=None, n_heads=None, d_ff=None):
     """Post-LN and Pre-LN Transformer blocks side by side: residual paths and where LayerNorm sits (lesson 07)."""
     s = _sizes(config, d_model=d_model, n_heads=n_heads, d_ff=d_ff)
-    C, H, F = s["d_model"], s["n_heads"], _positive_int("d_ff", s["d_ff"])
-    D = _heads(C, H)
+    C, H, D, F = s["d_model"], s["n_heads"], s["D"], s["d_ff"]
     fig, ax = canvas(10.0, 7.0, f"one encoder block, two placements of LayerNorm "
                      f"(C = {C}, H = {H}, D = {D}, d_ff = {F})")
     attn = f"multi-head self-attention\nH = {H} heads of D = {D}"
@@ -562,13 +566,9 @@ def encoder_decoder_diagram(config, S=None, T=None):
     """The encoder-decoder of a TransformerConfig: stacks, memory to every cross-attention, generator (lesson 08)."""
     sz = _sizes(config, d_model=None, n_heads=None, d_ff=None, n_encoder_layers=None, n_decoder_layers=None,
                 src_vocab_size=None, tgt_vocab_size=None)
-    C, H = sz["d_model"], sz["n_heads"]
-    D = _heads(C, H)
-    F = _positive_int("d_ff", sz["d_ff"])
-    n_enc = _positive_int("n_encoder_layers", sz["n_encoder_layers"])
-    n_dec = _positive_int("n_decoder_layers", sz["n_decoder_layers"])
-    V_src = _positive_int("src_vocab_size", sz["src_vocab_size"])
-    V_tgt = _positive_int("tgt_vocab_size", sz["tgt_vocab_size"])
+    C, H, D, F = sz["d_model"], sz["n_heads"], sz["D"], sz["d_ff"]
+    n_enc, n_dec = sz["n_encoder_layers"], sz["n_decoder_layers"]
+    V_src, V_tgt = sz["src_vocab_size"], sz["tgt_vocab_size"]
     S_txt = "S" if S is None else f"S = {_positive_int('S', S)}"
     T_txt = "T" if T is None else f"T = {_positive_int('T', T)}"
     pre = bool(getattr(config, "norm_first", False))
@@ -711,11 +711,8 @@ def minilm_diagram(config, tokens=None, vocab_size=None):
     """
     sz = _sizes(config, d_model=None, n_heads=None, d_ff=None, n_encoder_layers=None, src_vocab_size=vocab_size,
                 max_len=None)
-    C, H = sz["d_model"], sz["n_heads"]
-    D = _heads(C, H)
-    F = _positive_int("d_ff", sz["d_ff"])
-    n = _positive_int("n_encoder_layers", sz["n_encoder_layers"])
-    V, P = _positive_int("vocab_size", sz["src_vocab_size"]), _positive_int("max_len", sz["max_len"])
+    C, H, D, F = sz["d_model"], sz["n_heads"], sz["D"], sz["d_ff"]
+    n, V, P = sz["n_encoder_layers"], sz["src_vocab_size"], sz["max_len"]
     if tokens is None:
         tokens = ["[CLS]", "a", "bank", "by", "the", "river", "[SEP]"]
     tokens = _labels("tokens", tokens, len(tokens), "{}")
@@ -820,12 +817,8 @@ def kv_cache_diagram(n_steps, d_model, n_heads, n_layers=1, prompt_len=1):
 def gpt_diagram(config, T=None):
     """A decoder-only GPT of a GPTConfig: tied embedding, Pre-LN causal blocks with their KV caches (lesson 12)."""
     sz = _sizes(config, d_model=None, n_heads=None, d_ff=None, n_layers=None, vocab_size=None, max_len=None)
-    C, H = sz["d_model"], sz["n_heads"]
-    D = _heads(C, H)
-    F = _positive_int("d_ff", sz["d_ff"])
-    n = _positive_int("n_layers", sz["n_layers"])
-    V = _positive_int("vocab_size", sz["vocab_size"])
-    L = _positive_int("max_len", sz["max_len"])
+    C, H, D, F = sz["d_model"], sz["n_heads"], sz["D"], sz["d_ff"]
+    n, V, L = sz["n_layers"], sz["vocab_size"], sz["max_len"]
     kv = getattr(config, "n_kv_heads", None) or H
     T_txt = "T" if T is None else f"T = {_positive_int('T', T, L)}"
     fig, ax = canvas(9.0, 8.0, f"decoder-only GPT: C = {C}, H = {H} (D = {D}), d_ff = {F}, {n} blocks, "
