@@ -446,7 +446,7 @@ def test_mha_benchmark_skips_what_does_not_fit_and_goes_on(monkeypatch):
     assert all("out of memory in the output check" in why for why in big["skipped"].values())
     assert "24.00 GiB" in bench.markdown([small, big])
     monkeypatch.setattr(bench, "check_outputs", real_check)
-    monkeypatch.setattr(bench, "memory_budget", lambda device: 10_000)  # 10 kB free: nothing fits
+    monkeypatch.setattr(bench.common, "memory_budget", lambda device: 10_000)  # 10 kB free: nothing fits
     row = bench.main(args)["rows"][0]
     assert row["course_s"] is None and row["max_abs_diff"] < 1e-4  # checked on one sequence, not timed
     assert all(why.startswith("estimated peak") for why in row["skipped"].values())

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from helpers.checks._core import Bug, Case, CheckResult, check, torch_calls
+from helpers.checks._core import Bug, Case, CheckResult, Reject, check, torch_calls
 from helpers.device import peak_memory
 from helpers.flash import flash_attention_forward
 
@@ -37,10 +37,10 @@ def _guarded(step):
 
 
 def _output_only(got, expected):
-    """Accept ``out`` or ``(out, lse)``; a reason (a string) for an empty tuple, never an IndexError."""
+    """Accept ``out`` or ``(out, lse)``; a Reject with the reason for an empty tuple, never an IndexError."""
     if isinstance(got, (tuple, list)):
         if len(got) == 0:
-            return f"your function returned an empty {type(got).__name__}: return the output tensor (B, H, T, D)"
+            return Reject(f"your function returned an empty {type(got).__name__}: return the output tensor (B, H, T, D)")
         return got[0]
     return got
 
