@@ -40,7 +40,8 @@ def _output_only(got, expected):
     """Accept ``out`` or ``(out, lse)``; a Reject with the reason for an empty tuple, never an IndexError."""
     if isinstance(got, (tuple, list)):
         if len(got) == 0:
-            return Reject(f"your function returned an empty {type(got).__name__}: return the output tensor (B, H, T, D)")
+            return Reject(f"your function returned an empty {type(got).__name__}: "
+                          "return the output tensor (B, H, T, D)")
         return got[0]
     return got
 
