@@ -35,6 +35,7 @@ from common import (
     time_side_by_side,
 )
 
+from helpers.device import attention_flops, peak_tflops
 from helpers.flash import (
     flash_attention,
     flash_attention_forward,
@@ -43,7 +44,7 @@ from helpers.flash import (
     triton_flash_attention_backward,
 )
 from helpers.masks import causal_mask
-from helpers.scale import attention_flops, peak_tflops, sdpa_backend
+from helpers.scale import sdpa_backend
 
 
 def reference(q, k, v, causal: bool) -> torch.Tensor:

@@ -21,7 +21,7 @@ from helpers._validate import as_int, positive_int, shape_str
 from helpers.attention import MultiHeadAttention
 from helpers.masks import causal_mask
 from helpers.positional import LearnedPositionalEmbedding
-from helpers.transformer import FeedForward, _check_ids, residual
+from helpers.transformer import FeedForward, check_ids, residual
 
 CHECKPOINT = "gpt_shakespeare.pt"  # the course's trained model, in data/ (made by `make train-gpt`)
 
@@ -125,7 +125,7 @@ class GPT(nn.Module):
 
     def forward(self, ids: torch.Tensor, need_weights: bool = False) -> torch.Tensor:
         """ids (B, T) -> logits (B, T, V); ``need_weights`` keeps each block's (B, H, T, T) in ``attn_weights``."""
-        _check_ids(ids, "ids", self.config.vocab_size, self.config.max_len, self.embed.weight.device)
+        check_ids(ids, "ids", self.config.vocab_size, self.config.max_len, self.embed.weight.device)
         x = self._embed(ids)  # (B, T, C)
         mask = causal_mask(ids.shape[1], device=ids.device)[None, None]  # (1, 1, T, T): position t sees 0..t
         for block in self.blocks:
@@ -157,7 +157,7 @@ class GPT(nn.Module):
         are kept (one KV cache per block) and each step runs the model on the newest token only.
         """
         cfg = self.config
-        _check_ids(ids, "ids", cfg.vocab_size, cfg.max_len, self.embed.weight.device)
+        check_ids(ids, "ids", cfg.vocab_size, cfg.max_len, self.embed.weight.device)
         max_new_tokens = as_int(max_new_tokens, "max_new_tokens", minimum=0)
         total = ids.shape[1] + max_new_tokens
         if total > cfg.max_len:

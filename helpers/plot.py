@@ -128,6 +128,24 @@ def heads_grid(weights, query_labels=None, key_labels=None, ncols=4, title=None)
     return fig
 
 
+def _plain_log_labels(axis):
+    """Label a log axis with plain numbers (0.3, 1, 20), never "3x10^-1"; minor ticks only on short spans."""
+    from matplotlib.ticker import FuncFormatter
+
+    def plain(value, _):
+        return f"{value:g}"
+
+    def minor(value, _):
+        low, high = sorted(abs(v) for v in axis.get_view_interval())
+        if not (low > 0 and high / low < 30 and value > 0):  # 1.5 decades or more: the majors suffice
+            return ""
+        mantissa = round(value / 10 ** math.floor(math.log10(value)), 6)
+        return f"{value:g}" if mantissa in (2, 3, 5) else ""  # 2, 3, 5: enough to read, never crowded
+
+    axis.set_major_formatter(FuncFormatter(plain))
+    axis.set_minor_formatter(FuncFormatter(minor))
+
+
 def plot_curves(curves, xlabel, ylabel, title, ax=None, x=None, logx=False, logy=False,
                 marker=None):
     """Plot named curves {label: values} on one titled, labelled axis (used by every lesson)."""
@@ -145,6 +163,9 @@ def plot_curves(curves, xlabel, ylabel, title, ax=None, x=None, logx=False, logy
         ax.plot(xs, y, label=label, marker=marker)
     ax.set_xscale("log" if logx else "linear")
     ax.set_yscale("log" if logy else "linear")
+    for axis, log in ((ax.xaxis, logx), (ax.yaxis, logy)):
+        if log:
+            _plain_log_labels(axis)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -11,11 +11,6 @@ from contextlib import contextmanager
 
 import torch
 
-# Measuring lives in helpers.device and the sparse masks in helpers.masks; lesson 10, its benchmark
-# and lesson 09's checks still import these names from here.
-from helpers.device import PEAK_TFLOPS, attention_flops, loglog_slope, peak_tflops, peak_tflops_of  # noqa: F401
-from helpers.masks import dilated_mask, sliding_window_mask  # noqa: F401
-
 # --- choosing a kernel of F.scaled_dot_product_attention -------------------------------------------
 
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")

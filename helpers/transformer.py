@@ -238,9 +238,12 @@ class DecoderLayer(nn.Module):
 # --- input checks ------------------------------------------------------------------------------
 
 
-def _check_ids(ids, name: str, vocab_size: int, max_len: int, device: torch.device) -> None:
-    """Raise a clear error unless ``ids`` is a (B, L) int64 or int32 tensor of valid ids with L <= max_len
-    on ``device``, the device of the model's embedding."""
+def check_ids(ids, name: str, vocab_size: int, max_len: int, device: torch.device) -> None:
+    """Raise a clear error unless ``ids`` is (B, L) int64/int32 token ids in [0, vocab_size), L <= max_len (lesson 08).
+
+    ``device`` is the device of the model's embedding; the ids must be there too. Every model of the course
+    (the Transformer, lesson 12's GPT) checks its ids with this one function.
+    """
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
     if ids.dtype not in TOKEN_ID_DTYPES:
@@ -298,7 +301,7 @@ class Encoder(_Stack):
 
     def forward(self, src_ids: torch.Tensor, src_mask=None) -> torch.Tensor:
         """src_ids (B, S), src_mask (S, S) or 4-D, broadcastable to (B, H, S, S) -> memory (B, S, C)."""
-        _check_ids(src_ids, "src", self.config.src_vocab_size, self.config.max_len, self.embed.weight.device)
+        check_ids(src_ids, "src", self.config.src_vocab_size, self.config.max_len, self.embed.weight.device)
         x = self.embed_tokens(src_ids)  # (B, S, C)
         for layer in self.layers:
             x = layer(x, src_mask)  # (B, S, C)
@@ -361,7 +364,7 @@ class Decoder(_Stack):
         With a ``DecoderCache`` (lesson 09), tgt_ids are the new tokens only, placed after the cached
         ones; tgt_mask covers the cached slots (``DecoderCache.self_mask``); memory may be None.
         """
-        _check_ids(tgt_ids, "tgt", self.config.tgt_vocab_size, self.config.max_len, self.embed.weight.device)
+        check_ids(tgt_ids, "tgt", self.config.tgt_vocab_size, self.config.max_len, self.embed.weight.device)
         if cache is None or memory is not None:
             _check_memory(memory, tgt_ids, self.config.d_model)
         return self.hidden(tgt_ids, memory, tgt_mask, memory_mask, cache)
@@ -410,7 +413,7 @@ class Transformer(nn.Module):
 
     def encode(self, src: torch.Tensor):
         """src (B, S) -> (memory (B, S, C), src_mask (B, 1, 1, S)), the mask True at real tokens."""
-        _check_ids(src, "src", self.config.src_vocab_size, self.config.max_len, self.encoder.embed.weight.device)
+        check_ids(src, "src", self.config.src_vocab_size, self.config.max_len, self.encoder.embed.weight.device)
         src_mask = padding_mask_from_ids(src, self.config.pad_id)  # (B, 1, 1, S)
         return self.encoder(src, src_mask), src_mask  # (B, S, C), (B, 1, 1, S)
 
@@ -438,7 +441,7 @@ class Transformer(nn.Module):
         With a ``cache`` (``new_decode_cache``, lesson 09), tgt holds the new tokens only and the
         logits are theirs; the cached positions come first, and memory may be None.
         """
-        _check_ids(tgt, "tgt", self.config.tgt_vocab_size, self.config.max_len, self.decoder.embed.weight.device)
+        check_ids(tgt, "tgt", self.config.tgt_vocab_size, self.config.max_len, self.decoder.embed.weight.device)
         if cache is None or memory is not None:
             _check_memory(memory, tgt, self.config.d_model)
         if cache is not None:
@@ -466,8 +469,8 @@ class Transformer(nn.Module):
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         """src (B, S), tgt (B, T) token ids -> logits (B, T, V) for the token after each target position."""
-        _check_ids(src, "src", self.config.src_vocab_size, self.config.max_len, self.encoder.embed.weight.device)
-        _check_ids(tgt, "tgt", self.config.tgt_vocab_size, self.config.max_len, self.decoder.embed.weight.device)
+        check_ids(src, "src", self.config.src_vocab_size, self.config.max_len, self.encoder.embed.weight.device)
+        check_ids(tgt, "tgt", self.config.tgt_vocab_size, self.config.max_len, self.decoder.embed.weight.device)
         if src.shape[0] != tgt.shape[0]:
             raise ValueError(f"src {shape_str(src.shape)} and tgt {shape_str(tgt.shape)} "
                              "must have the same batch size B")
@@ -488,7 +491,7 @@ def check_decode_args(model, src, bos_id, eos_id, max_len) -> tuple[int, int, in
     if not isinstance(model, Transformer):
         raise TypeError(f"model must be a helpers.transformer.Transformer, got {type(model).__name__}")
     cfg = model.config
-    _check_ids(src, "src", cfg.src_vocab_size, cfg.max_len, model.encoder.embed.weight.device)
+    check_ids(src, "src", cfg.src_vocab_size, cfg.max_len, model.encoder.embed.weight.device)
     bos_id, eos_id = (as_int(value, f"{name} (a target token id)", minimum=0, maximum=cfg.tgt_vocab_size - 1)
                       for name, value in (("bos_id", bos_id), ("eos_id", eos_id)))
     if bos_id == cfg.pad_id:

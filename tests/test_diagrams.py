@@ -174,3 +174,19 @@ def test_heads_grid_has_one_colour_bar_on_a_shared_scale():
         assert len(fig.axes) == 3 + 1  # 3 heads and 1 colour bar
     finally:
         plt.close(fig)
+
+
+def test_log_axes_of_curves_read_as_plain_numbers():
+    from helpers.plot import plot_curves
+
+    _, ax = plt.subplots()
+    plot_curves({"a": [1.08, 0.6, 0.27, 0.62], "b": [1.1, 2.0, 3.1, 1.5]}, "step", "signal", "narrow", ax=ax, logy=True)
+    ax.figure.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True) if t.get_text()]
+    assert {"0.3", "0.5", "1", "2", "3"} <= set(labels) and not any("times" in t or "^" in t for t in labels), labels
+    _, wide = plt.subplots()
+    plot_curves({"a": [1e-12, 1e-6, 1, 1e4]}, "t", "grad", "wide", ax=wide, logy=True)
+    wide.figure.canvas.draw()
+    minor = [t.get_text() for t in wide.get_yticklabels(minor=True) if t.get_text()]
+    assert minor == [] and "1e-06" in [t.get_text() for t in wide.get_yticklabels()]  # majors alone on wide spans
+    plt.close("all")

@@ -7,8 +7,7 @@ import torch
 from helpers.attention import scaled_dot_product_attention
 from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, first_output
 from helpers.device import peak_memory
-from helpers.masks import causal_mask
-from helpers.scale import dilated_mask, sliding_window_mask
+from helpers.masks import causal_mask, dilated_mask, sliding_window_mask
 
 __all__ = ["check_kv_cache_bytes", "check_kept_pairs", "check_global_window_mask", "check_local_attention",
            "check_predict_memory_ratio"]

@@ -13,8 +13,7 @@ from helpers.checks import (
     check_local_attention,
     check_predict_memory_ratio,
 )
-from helpers.masks import causal_mask
-from helpers.scale import dilated_mask, sliding_window_mask
+from helpers.masks import causal_mask, dilated_mask, sliding_window_mask
 
 
 def test_kv_cache_bytes(accepts, rejects):
