@@ -188,5 +188,7 @@ def test_log_axes_of_curves_read_as_plain_numbers():
     plot_curves({"a": [1e-12, 1e-6, 1, 1e4]}, "t", "grad", "wide", ax=wide, logy=True)
     wide.figure.canvas.draw()
     minor = [t.get_text() for t in wide.get_yticklabels(minor=True) if t.get_text()]
-    assert minor == [] and "1e-06" in [t.get_text() for t in wide.get_yticklabels()]  # majors alone on wide spans
+    major = [t.get_text() for t in wide.get_yticklabels() if t.get_text()]
+    assert minor == [] and len(major) >= 3  # majors alone on wide spans, each a plain number such as 1e-06
+    assert all(float(t.replace("\u2212", "-")) > 0 for t in major), major
     plt.close("all")
