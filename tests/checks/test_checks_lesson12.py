@@ -87,21 +87,25 @@ def cached_step(model, caches, token):
     return model.head(model.norm(x))[:, -1]
 
 
+def no_offset(model, caches, token):
+    """Mistake: the new token gets position 0 instead of the next position."""
+    x = model.pos(model.embed(token))
+    for block, cache in zip(model.blocks, caches, strict=True):
+        x = block(x, None, False, cache)
+    return model.head(model.norm(x))[:, -1]
+
+
+def no_norm(model, caches, token):
+    """Mistake: the final LayerNorm is skipped."""
+    x = model.pos(model.embed(token), offset=caches[0].length)
+    for block, cache in zip(model.blocks, caches, strict=True):
+        x = block(x, None, False, cache)
+    return model.head(x)[:, -1]
+
+
 def test_cached_step(accepts, rejects):
     accepts(check_cached_step, cached_step, "✓ cached_step: matches the reference on all 3 cases")
     rejects(check_cached_step, lambda m, c, t: None, "not implemented yet")
-
-    def no_offset(model, caches, token):
-        x = model.pos(model.embed(token))
-        for block, cache in zip(model.blocks, caches, strict=True):
-            x = block(x, None, False, cache)
-        return model.head(model.norm(x))[:, -1]
-
-    def no_norm(model, caches, token):
-        x = model.pos(model.embed(token), offset=caches[0].length)
-        for block, cache in zip(model.blocks, caches, strict=True):
-            x = block(x, None, False, cache)
-        return model.head(x)[:, -1]
 
     rejects(check_cached_step, no_offset, "caches[0].length")
     rejects(check_cached_step, no_norm, "final LayerNorm")

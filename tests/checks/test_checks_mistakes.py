@@ -11,6 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_checks_lesson11 import wordpiece as _wordpiece  # the same folder: a right answer written out
+from test_checks_lesson12 import bits_per_char_of as _bpc
+from test_checks_lesson12 import cached_step as _cached_step
+from test_checks_lesson12 import no_norm as _no_norm
+from test_checks_lesson12 import no_offset as _no_offset
 
 from helpers import checks
 from helpers.attention import scaled_dot_product_attention
@@ -1003,13 +1007,6 @@ mistakes("check_temperature_sample", [
 ])
 
 
-def _bpc(model, vocab, text):
-    ids = torch.tensor([vocab.encode(text)])
-    with torch.no_grad():
-        logits = model(ids[:, :-1])  # (1, L - 1, V): each position predicts the next character
-    return F.cross_entropy(logits[0], ids[0, 1:]).item() / math.log(2)
-
-
 def _bpc_gather(model, vocab, text):
     ids = torch.tensor([vocab.encode(text)])
     with torch.no_grad():
@@ -1023,33 +1020,12 @@ mistakes("check_bits_per_char", [_bpc, _bpc_gather], [
 ])
 
 
-def _cached_step(model, caches, token):
-    x = model.pos(model.embed(token), offset=caches[0].length)
-    for block, cache in zip(model.blocks, caches, strict=True):
-        x = block(x, None, False, cache)
-    return model.head(model.norm(x))[:, -1]
-
-
 def _cached_step_indexed(model, caches, token):
     x = model.embed(token)  # (B, 1, C)
     x = model.pos(x, offset=caches[0].length)  # the newest token sits after the cached ones
     for i, block in enumerate(model.blocks):
         x = block(x, None, False, caches[i])
     return model.head(model.norm(x))[:, -1]  # (B, V)
-
-
-def _no_offset(model, caches, token):
-    x = model.pos(model.embed(token))
-    for block, cache in zip(model.blocks, caches, strict=True):
-        x = block(x, None, False, cache)
-    return model.head(model.norm(x))[:, -1]
-
-
-def _no_norm(model, caches, token):
-    x = model.pos(model.embed(token), offset=caches[0].length)
-    for block, cache in zip(model.blocks, caches, strict=True):
-        x = block(x, None, False, cache)
-    return model.head(x)[:, -1]
 
 
 mistakes("check_cached_step", [_cached_step, _cached_step_indexed], [
