@@ -153,6 +153,9 @@ def _type_reason(got, expected) -> str | None:
         if got.device.type == "meta":
             return "your function returned a meta tensor, which holds no values: compute on the inputs' device"
         if got.dtype != expected.dtype:
+            if got.dtype == torch.float64 and expected.dtype == torch.float32:
+                return (f"return dtype {expected.dtype}, got {got.dtype}: a .double(), or a float64 tensor "
+                        "made inside your function, changed the dtype; keep the inputs' float32")
             return f"return dtype {expected.dtype}, got {got.dtype}"
         return None
     if isinstance(expected, bool):
@@ -178,7 +181,8 @@ def compare(got, expected, atol: float | dict = 1e-5, rtol: float = 1e-4):
         if got.is_complex() and not expected.is_complex():
             return f"your function returned a complex tensor ({describe(got)}); the answer is real"
         if tuple(got.shape) != tuple(expected.shape):
-            return f"shape {tuple(got.shape)}, but the reference gives {tuple(expected.shape)}"
+            return f"shape {tuple(got.shape)}, but the reference gives {tuple(expected.shape)}" + _shape_hint(
+                tuple(got.shape), tuple(expected.shape))
         got = got.detach().to(expected.device)
         if expected.dtype == torch.bool or not expected.is_floating_point():
             if not torch.equal(got.to(expected.dtype), expected):
@@ -191,7 +195,8 @@ def compare(got, expected, atol: float | dict = 1e-5, rtol: float = 1e-4):
             return "contains NaN where the reference has none (overflow? a fully masked row?)"
         if not torch.allclose(got, expected, atol=tol, rtol=rtol, equal_nan=True):
             diff = (got - expected).abs().nan_to_num(float("inf")).max().item()
-            return f"values differ from the reference (largest difference {diff:.3g})"
+            return f"values differ from the reference (largest difference {diff:.3g})" + _value_hint(
+                got, expected, tol, rtol)
         return None
     if isinstance(expected, float):
         if isinstance(got, (str, bytes)):
@@ -209,6 +214,41 @@ def compare(got, expected, atol: float | dict = 1e-5, rtol: float = 1e-4):
     except Exception:  # e.g. a tensor compared with a tuple
         same = False
     return None if same else f"got {_short(got)}, expected {expected!r}"
+
+
+def _shape_hint(got: tuple, expected: tuple) -> str:
+    """Name the slip behind a wrong shape when the shape itself shows it (an axis of 1, a transpose)."""
+    def squeezed(shape):
+        return tuple(n for n in shape if n != 1)
+
+    if math.prod(got) != math.prod(expected):
+        return ""
+    if len(got) == len(expected) >= 2 and got[:-2] + got[-2:][::-1] == expected:
+        return ": the last two axes are swapped (a transpose too many, or one missing)"
+    if squeezed(got) == squeezed(expected) and len(got) > len(expected):
+        return ": an extra axis of size 1 (a keepdim=True, an [None] or an unsqueeze too many?)"
+    if squeezed(got) == squeezed(expected):
+        return ": an axis of size 1 is missing (a squeeze too many, or keepdim=True forgotten?)"
+    return ": the same number of entries in another shape (check the order of the axes of your view or reshape)"
+
+
+def _value_hint(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> str:
+    """Name the slip behind wrong values when they are a simple transform of the right ones."""
+    if not torch.isfinite(got).all() or not torch.isfinite(expected).all():
+        return ""
+    if torch.allclose(got, -expected, atol=atol, rtol=rtol):
+        return ": your values have the opposite sign"
+    if expected.dim() >= 2 and expected.shape[-1] == expected.shape[-2] and \
+            torch.allclose(got, expected.mT, atol=atol, rtol=rtol):
+        return ": your result is the transpose of the right one (are rows and columns swapped?)"
+    big = expected.abs() > 10 * atol
+    if big.any():
+        ratio = (got[big] / expected[big]).median().item()
+        if math.isfinite(ratio) and abs(ratio - 1) > 1e-3 and ratio != 0 and \
+                torch.allclose(got, ratio * expected, atol=atol, rtol=rtol):
+            return (f": your values are {ratio:.4g} times the right ones, a constant factor "
+                    "(a scale missing, doubled or inverted?)")
+    return ""
 
 
 def _short(x) -> str:
@@ -237,12 +277,32 @@ class _Stop(Exception):
     """The one line a check prints, raised from deep inside so that nothing else is printed."""
 
 
+def _not_a_function(err: Exception) -> str | None:
+    """The type name when ``err`` is a check's own wrapper calling a learner's answer that is no function.
+
+    Some checks wrap the learner's function (to time it, or to read its answer); given None or a string
+    instead of a function, the wrapper's call raises "'NoneType' object is not callable" inside the
+    checks package. The same error raised inside the learner's own code is the learner's bug, not this.
+    """
+    if not isinstance(err, TypeError) or not str(err).endswith("object is not callable"):
+        return None
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None or "helpers/checks/" not in tb.tb_frame.f_code.co_filename.replace("\\", "/"):
+        return None
+    return str(err).split("'")[1] if str(err).count("'") >= 2 else "something else"
+
+
 def _call(fn, args, kwargs, where):
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
         return None
     except Exception as err:  # the learner's bug is the message, not a crash of the check
+        kind = _not_a_function(err)
+        if kind is not None:
+            raise _Stop(f"✗ expected a function, got {kind}") from None
         text = str(err).strip().splitlines()[0] if str(err).strip() else ""
         hint = ""
         if "view size is not compatible" in text:
@@ -388,7 +448,7 @@ def check(name: str, fn, reference_fn, cases, *, bugs=(), atol: float | dict = 1
             line += text
     except _Stop as stop:
         line = str(stop)
-        if line.startswith("✗ on "):
+        if line.startswith("✗ on ") or line.startswith("✗ expected a function"):
             line = f"✗ {name}: " + line[2:]
         print(line)
         return CheckResult(False)
@@ -445,12 +505,27 @@ def _as_number(x) -> float | Reject:
     return value
 
 
+@dataclass(frozen=True)
+class Slip:
+    """A typical wrong prediction: ``near(predicted, measured)`` recognises it, ``message`` names it."""
+
+    message: str
+    near: Callable[[float, float], bool]
+
+
+def slip_at(value: float, message: str, rel: float = 0.05) -> Slip:
+    """A slip recognised by its value: a prediction within ``rel`` (relative) of ``value`` (lesson 01)."""
+    return Slip(message, lambda predicted, measured: abs(predicted - value) <= rel * abs(value) + 1e-12)
+
+
 def check_prediction(name: str, predicted, measure: Callable[[], float], what: str,
-                     rel_tol: float = 0.0, abs_tol: float = 0.0) -> CheckResult:
+                     rel_tol: float = 0.0, abs_tol: float = 0.0, slips=()) -> CheckResult:
     """Compare a number the learner wrote down before running with a measurement; print one line (lesson 01).
 
     ``measure()`` makes the measurement; the prediction is right when it lies within
-    ``max(abs_tol, rel_tol * |measured|)`` of it.
+    ``max(abs_tol, rel_tol * |measured|)`` of it. ``slips`` (``Slip``): classic wrong predictions,
+    each named by its own message; the first that recognises a wrong prediction replaces the
+    generic "find the step of your reasoning that differs".
     """
     if predicted is None or predicted is ...:
         print(f"… {name}: write your prediction first (a number in place of None)")
@@ -466,6 +541,8 @@ def check_prediction(name: str, predicted, measure: Callable[[], float], what: s
         print(f"✓ {name}: you predicted {_number(predicted)}; the measured {what} is {_number(measured)} "
               f"(within {margin:.2g})")
         return CheckResult(True)
+    hint = next((slip.message for slip in slips if slip.near(predicted, measured)),
+                "find the step of your reasoning that differs")
     print(f"✗ {name}: you predicted {_number(predicted)}; the measured {what} is {_number(measured)}, "
-          f"more than {margin:.2g} away: find the step of your reasoning that differs")
+          f"more than {margin:.2g} away: {hint}")
     return CheckResult(False)

@@ -26,7 +26,18 @@ def check_softmax(fn) -> CheckResult:
             Bug("you divide by the sum over the whole tensor: each row is normalised by its own sum, "
                 "sum(dim=-1, keepdim=True)", lambda x: torch.exp(x - x.max()) / torch.exp(x - x.max()).sum()),
             Bug("the max is subtracted only in the numerator: exp(x - m) / sum(exp(x - m)) needs it in both",
-                lambda x: torch.exp(x - x.amax(-1, keepdim=True)) / torch.exp(x).sum(-1, keepdim=True))]
+                lambda x: torch.exp(x - x.amax(-1, keepdim=True)) / torch.exp(x).sum(-1, keepdim=True)),
+            Bug("you subtract the max of the whole tensor: a row far below it underflows to 0 / 0; subtract each "
+                "row's own max, x.amax(dim=-1, keepdim=True)",
+                lambda x: torch.exp(x - x.max()) / torch.exp(x - x.max()).sum(dim=-1, keepdim=True)),
+            Bug("that is log_softmax: the softmax is its exp, exp(x - m) / sum(exp(x - m))",
+                lambda x: torch.log_softmax(x, dim=-1)),
+            Bug("the exp is missing: x / sum(x) is not a softmax; use exp(x - m) / sum(exp(x - m))",
+                lambda x: x / x.sum(dim=-1, keepdim=True)),
+            Bug("the division by the row sum is missing: exp(x - m) alone does not sum to 1",
+                lambda x: torch.exp(x - x.amax(-1, keepdim=True))),
+            Bug("your softmax is taken of -x: exp(x - m) / sum(exp(x - m)), without a minus sign",
+                lambda x: torch.softmax(-x, dim=-1))]
     return check("softmax", fn, lambda x: softmax(x, dim=-1), cases, bugs=bugs)
 
 
@@ -50,6 +61,16 @@ def check_attention(fn) -> CheckResult:
             Bug("the scores are divided by D: the scaling is 1 / sqrt(D)",
                 lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1], dim=-1) @ v),
             Bug("your answer returns the weights: return the output, weights @ v (and the weights second, if "
-                "you like)", lambda q, k, v: scaled_dot_product_attention(q, k, v)[1])]
+                "you like)", lambda q, k, v: scaled_dot_product_attention(q, k, v)[1]),
+            Bug("your softmax runs over dim 0 (the first leading axis): use dim=-1, the keys, for any number of "
+                "leading axes", lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=0) @ v),
+            Bug("the scores are divided by sqrt(S), the number of keys: the scaling is 1 / sqrt(D), the width of q",
+                lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / k.shape[-2] ** 0.5, dim=-1) @ v),
+            Bug("the scores are multiplied by sqrt(D): divide them by it",
+                lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** 0.5, dim=-1) @ v),
+            Bug("your scores are transposed (K Q^T): row t must hold query t's scores against every key, Q K^T",
+                lambda q, k, v: torch.softmax(k @ q.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v),
+            Bug("the weights multiply the keys: the output is weights @ v",
+                lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ k)]
     return check("attention", fn, lambda q, k, v: scaled_dot_product_attention(q, k, v)[0],
                  cases, bugs=bugs, adapt=first_output)

@@ -33,7 +33,12 @@ def check_split_heads(fn) -> CheckResult:
             Bug("H and D are swapped in the view: view(B, T, H, D), then transpose(1, 2)",
                 lambda x, h: x.reshape(x.shape[0], x.shape[1], x.shape[2] // h, h).transpose(1, 2)),
             Bug("the result is (B, H, D, T): transpose(1, 2) swaps T and H; transposing the last two axes "
-                "as well puts D before T", lambda x, h: _split(x, h).transpose(-2, -1))]
+                "as well puts D before T", lambda x, h: _split(x, h).transpose(-2, -1)),
+            Bug("each head takes every H-th feature: view(B, T, D, H) interleaves them; view(B, T, H, D) gives "
+                "head 1 the first D features, head 2 the next D",
+                lambda x, h: x.reshape(x.shape[0], x.shape[1], x.shape[2] // h, h).permute(0, 3, 1, 2)),
+            Bug("transpose(0, 2) moves the batch axis: swap the token and head axes, transpose(1, 2)",
+                lambda x, h: x.view(x.shape[0], x.shape[1], h, x.shape[2] // h).transpose(0, 2))]
     return check("split_heads", fn, _split, cases, bugs=bugs)
 
 
@@ -49,7 +54,11 @@ def check_merge_heads(fn) -> CheckResult:
                 "features are head 0's D, then head 1's; a transpose of the last two axes mixes D and H",
                 lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1)),
             Bug("the result is (B, H * D, T) or another order: the merged shape is (B, T, H * D)",
-                lambda x: _merge(x).transpose(1, 2))]
+                lambda x: _merge(x).transpose(1, 2)),
+            Bug("the token axis is gone: reshape(B, -1) flattens the tokens too; the merged shape is (B, T, H * D)",
+                lambda x: _merge(x).reshape(x.shape[0], -1)),
+            Bug("transpose(1, 2) alone gives (B, T, H, D): merge the last two axes with reshape(B, T, H * D)",
+                lambda x: x.transpose(1, 2))]
     return check("merge_heads", fn, _merge, cases, bugs=bugs)
 
 
@@ -60,6 +69,8 @@ def check_scores_shape(fn) -> CheckResult:
     def as_tuple(got, expected):
         if isinstance(got, torch.Tensor) and got.dim() == 4:
             return Reject("return the shape (a tuple of 4 ints), not a tensor of that shape: use tuple(...) or .shape")
+        if isinstance(got, str):
+            return Reject(f"return a tuple of 4 ints, not a string (got {got[:30]!r}): (B, H, T, S) without quotes")
         return tuple(got) if isinstance(got, (tuple, list, torch.Size)) else got
 
     bugs = [Bug("T and S are swapped: each row of the scores is one query and each column one key, "
@@ -69,5 +80,11 @@ def check_scores_shape(fn) -> CheckResult:
             Bug("H comes second: the heads were moved next to the batch by transpose(1, 2), so the shape is "
                 "(B, H, T, S), not (B, T, H, S)", lambda B, H, T, S: (B, T, H, S)),
             Bug("the last axis counts the keys, S: the scores are (B, H, T, S), which is (B, H, T, T) only "
-                "in self-attention", lambda B, H, T, S: (B, H, T, T))]
+                "in self-attention", lambda B, H, T, S: (B, H, T, T)),
+            Bug("the batch and head axes are merged into one: keep them apart, (B, H, T, S)",
+                lambda B, H, T, S: (B * H, T, S)),
+            Bug("the batch axis is missing: every sequence of the batch has its own scores, (B, H, T, S)",
+                lambda B, H, T, S: (H, T, S)),
+            Bug("that is the number of scores, B * H * T * S: return the shape, the tuple (B, H, T, S)",
+                lambda B, H, T, S: B * H * T * S)]
     return check("scores_shape", fn, lambda B, H, T, S: (B, H, T, S), cases, bugs=bugs, adapt=as_tuple)

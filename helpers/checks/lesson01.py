@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from helpers.checks._core import Bug, Case, CheckResult, Reject, check, check_prediction, describe
+from helpers.checks._core import Bug, Case, CheckResult, Reject, Slip, check, check_prediction, describe
 
 __all__ = ["check_additive_scores", "check_attention_read", "check_input_gradient_norms",
            "check_alignment_accuracy", "check_predict_vanishing"]
@@ -43,12 +43,28 @@ def check_additive_scores(fn) -> CheckResult:
             Bug("the product with v is missing: summing tanh(...) over A weighs every unit by 1; use @ v",
                 lambda s, h, W, U, b, v: torch.tanh((s @ W.T)[:, None, :] + h @ U.T + b).sum(-1)),
             Bug("those are the weights, softmax(scores): return the raw scores; the softmax comes in exercise 2",
-                lambda s, h, W, U, b, v: torch.softmax(_additive_scores(s, h, W, U, b, v), dim=-1))]
+                lambda s, h, W, U, b, v: torch.softmax(_additive_scores(s, h, W, U, b, v), dim=-1)),
+            Bug("the bias b is added after the tanh: it belongs inside, v^T tanh(W s + U h_j + b)",
+                lambda s, h, W, U, b, v: (torch.tanh((s @ W.T)[:, None, :] + h @ U.T) + b) @ v),
+            Bug("the query term W s is missing: the score depends on the decoder state, tanh(W s + U h_j + b)",
+                lambda s, h, W, U, b, v: torch.tanh(h @ U.T + b) @ v),
+            Bug("the state term U h_j is missing: without it every position gets the same score",
+                lambda s, h, W, U, b, v: torch.tanh((s @ W.T + b)[:, None, :].expand(-1, h.shape[1], -1)) @ v),
+            Bug("the nonlinearity is tanh, not ReLU: v^T tanh(W s + U h_j + b)",
+                lambda s, h, W, U, b, v: torch.relu((s @ W.T)[:, None, :] + h @ U.T + b) @ v),
+            Bug("the nonlinearity is tanh, not the sigmoid: v^T tanh(W s + U h_j + b)",
+                lambda s, h, W, U, b, v: torch.sigmoid((s @ W.T)[:, None, :] + h @ U.T + b) @ v),
+            Bug("additive scores have no 1/sqrt(A) factor (that scaling belongs to dot-product attention, "
+                "lesson 03)", lambda s, h, W, U, b, v: _additive_scores(s, h, W, U, b, v) / v.shape[0] ** 0.5)]
     return check("additive_scores", fn, _additive_scores, cases, bugs=bugs)
 
 
 def _attention_read(scores, h, mask):
     weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)  # (B, S)
+    return (weights[:, None, :] @ h)[:, 0], weights  # (B, E), (B, S)
+
+
+def _weighted(h, weights):
     return (weights[:, None, :] @ h)[:, 0], weights  # (B, E), (B, S)
 
 
@@ -87,7 +103,22 @@ def check_attention_read(fn) -> CheckResult:
                 "(fill the pads with -inf first)", max_over_all),
             Bug("the padded scores are set to 0, which still gets weight exp(0): set them to -inf", zero_fill),
             Bug("the two results are swapped: return (context, weights)",
-                lambda s, h, m: _attention_read(s, h, m)[::-1])]
+                lambda s, h, m: _attention_read(s, h, m)[::-1]),
+            Bug("your softmax runs over the batch (dim 0): each row's weights run over its positions, dim=-1",
+                lambda s, h, m: _weighted(h, torch.softmax(s.masked_fill(~m, float("-inf")), dim=0))),
+            Bug("the weights of the real positions no longer sum to 1: zeroing the pads after the softmax "
+                "leaves them out of the sum; mask the scores with -inf before the softmax (or divide by the "
+                "new row sum)", lambda s, h, m: _weighted(h, torch.softmax(s, dim=-1) * m)),
+            Bug("exp overflows for scores of 1e3: subtract each row's largest real score before exp "
+                "(torch.softmax does it for you)",
+                lambda s, h, m: _weighted(h, torch.exp(s) * m / (torch.exp(s) * m).sum(-1, keepdim=True))),
+            Bug("return both results, (context, weights): yours returns the context alone",
+                lambda s, h, m: _attention_read(s, h, m)[0]),
+            Bug("the context is the weighted sum, sum_j a_j h_j: yours sums the states without the weights",
+                lambda s, h, m: (h.sum(dim=1), _attention_read(s, h, m)[1])),
+            Bug("a mean over the positions divides by S: the weights already sum to 1, so take the sum",
+                lambda s, h, m: ((_attention_read(s, h, m)[1][:, :, None] * h).mean(dim=1),
+                                 _attention_read(s, h, m)[1]))]
     return check("attention_read", fn, _attention_read, cases, bugs=bugs)
 
 
@@ -136,7 +167,17 @@ def check_input_gradient_norms(fn) -> CheckResult:
             Bug("the norm runs over the positions: take it over each input's features, norm(dim=-1), "
                 "one number per position", lambda rnn, x: _grad(rnn, x).norm(dim=0)),
             Bug("the loss reads the first state out[:, 0]; the exercise's loss is the sum of the LAST state",
-                lambda rnn, x: _grad(rnn, x, position=0).norm(dim=-1))]
+                lambda rnn, x: _grad(rnn, x, position=0).norm(dim=-1)),
+            Bug("that is the L1 norm (the sum of absolute values): take the Euclidean norm, x.grad.norm(dim=-1)",
+                lambda rnn, x: _grad(rnn, x).abs().sum(dim=-1)),
+            Bug("that is the sum of the gradient's entries: take its norm, x.grad.norm(dim=-1)",
+                lambda rnn, x: _grad(rnn, x).sum(dim=-1)),
+            Bug("that is the whole gradient (L, C): return one norm per position, x.grad.norm(dim=-1)",
+                lambda rnn, x: _grad(rnn, x)),
+            Bug("the norms are in reverse order: entry t belongs to input x[t], the first input first",
+                lambda rnn, x: _input_gradient_norms(rnn, x).flip(0)),
+            Bug("the norms are divided by the last one: return the norms themselves",
+                lambda rnn, x: _input_gradient_norms(rnn, x) / _input_gradient_norms(rnn, x)[-1])]
     return check("input_gradient_norms", learner, _input_gradient_norms, cases, bugs=bugs, atol=1e-9,
                  rtol=1e-4)
 
@@ -147,6 +188,17 @@ def _alignment_accuracy(weights, lengths):
         best = weights[b, :L].argmax(dim=-1)  # (L,) most attended source position of each real output
         hits += (best == torch.arange(L - 1, -1, -1)).sum().item()  # reversal: output i reads L-1-i
         total += L
+    return hits / total
+
+
+def _accuracy_to(weights, lengths, target, all_rows=False):
+    """Like the reference, but output i is compared with source position target(L, i)."""
+    hits = total = 0
+    for b, L in enumerate(lengths.tolist()):
+        rows = weights.shape[1] if all_rows else L
+        best = weights[b, :rows].argmax(dim=-1)  # (rows,)
+        hits += (best == torch.tensor([target(L, i) for i in range(rows)])).sum().item()
+        total += rows
     return hits / total
 
 
@@ -205,7 +257,17 @@ def check_alignment_accuracy(fn) -> CheckResult:
             Bug("that is the mean of the sequences' accuracies; count the hits over all real outputs "
                 "together (longer sequences weigh more)", per_batch_mean),
             Bug("the target of output i is lengths[b] - 1 - i, from each sequence's own length, not from the "
-                "padded width S", padded_target)]
+                "padded width S", padded_target),
+            Bug("you compare output i with source position i (the diagonal): reversal reads position "
+                "lengths[b] - 1 - i (the anti-diagonal)", lambda w, n: _accuracy_to(w, n, lambda L, i: i)),
+            Bug("off by one: output i reads position lengths[b] - 1 - i, not lengths[b] - i (positions count "
+                "from 0)", lambda w, n: _accuracy_to(w, n, lambda L, i: L - i)),
+            Bug("the rows of padded outputs (i >= lengths[b]) are counted: only the first lengths[b] rows of "
+                "each sequence count", lambda w, n: _accuracy_to(w, n, lambda L, i: L - 1 - i, all_rows=True)),
+            Bug("that is the number of hits: divide it by the number of real outputs, sum(lengths)",
+                lambda w, n: round(_alignment_accuracy(w, n) * int(n.sum()))),
+            Bug("that is the fraction of misses: return the fraction of hits",
+                lambda w, n: 1 - _alignment_accuracy(w, n))]
     return check("alignment_accuracy", fn, _alignment_accuracy, cases, bugs=bugs, adapt=as_float)
 
 
@@ -224,5 +286,15 @@ def _vanishing_ratio() -> float:
 
 def check_predict_vanishing(predicted) -> CheckResult:
     """Predict then measure: log10 |grad x_1| / |grad x_20| of a radius-0.5 tanh RNN (lesson 01)."""
+    slips = [Slip("that looks like the ratio itself: the question asks for its log10 (a ratio of 1e-6 has "
+                  "log10 -6)", lambda p, m: 0 < p < 0.01),
+             Slip("a positive log10 says the first input gets MORE gradient than the last; at spectral radius "
+                  "0.5 each step shrinks it", lambda p, m: p > 0),
+             Slip("0 says the gradient does not change along the 19 steps; at radius 0.5 each step multiplies "
+                  "it by about 0.5 or less", lambda p, m: p == 0),
+             Slip("too much shrinking: about 0.5 per step (the spectral radius) over 19 steps is 0.5^19, a log10 "
+                  "of about 19 * log10(0.5) = -5.7 (a factor of 10 per step would be -19)", lambda p, m: p < m),
+             Slip("too little shrinking: each of the 19 steps multiplies the gradient by about the spectral "
+                  "radius, 0.5, so the log10 is about 19 * log10(0.5) = -5.7 or below", lambda p, m: p > m)]
     return check_prediction("predict_vanishing", predicted, _vanishing_ratio,
-                            "log10(|grad x_1| / |grad x_20|)", abs_tol=1.5)
+                            "log10(|grad x_1| / |grad x_20|)", abs_tol=1.5, slips=slips)

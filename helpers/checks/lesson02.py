@@ -7,7 +7,7 @@ import math
 import torch
 
 from helpers.attention import scaled_dot_product_attention
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, randn
+from helpers.checks._core import Bug, Case, CheckResult, Reject, Slip, check, check_prediction, randn, slip_at
 
 __all__ = ["check_one_query", "check_self_attention", "check_hard_lookup", "check_predict_sharpness"]
 
@@ -39,6 +39,16 @@ def check_one_query(fn) -> CheckResult:
          lambda q, k, v: torch.softmax(k @ q / math.sqrt(q.shape[-1]), dim=-1)),
         Bug("your scores are divided by D: the scaling is 1 / sqrt(D)",
          lambda q, k, v: torch.softmax(k @ q / q.shape[-1], dim=-1) @ v),
+        Bug("your scores are divided by sqrt(S), the number of keys: the scaling is 1 / sqrt(D), the width "
+            "of q", lambda q, k, v: torch.softmax(k @ q / math.sqrt(k.shape[0]), dim=-1) @ v),
+        Bug("your scores are multiplied by sqrt(D): divide them by it",
+            lambda q, k, v: torch.softmax(k @ q * math.sqrt(q.shape[-1]), dim=-1) @ v),
+        Bug("your answer matches the plain sum of the values: weigh each value by its softmax weight",
+            lambda q, k, v: v.sum(dim=0)),
+        Bug("your answer returns the value of the best key alone (a hard lookup): attention mixes every "
+            "value with its softmax weight", lambda q, k, v: v[(k @ q).argmax()]),
+        Bug("your scores have the wrong sign: the score is q . k, so the most similar key weighs most",
+            lambda q, k, v: torch.softmax(-(k @ q) / math.sqrt(q.shape[-1]), dim=-1) @ v),
     ]
     return check("one_query", fn, _one_query, cases, bugs=bugs)
 
@@ -85,6 +95,11 @@ def check_self_attention(fn) -> CheckResult:
          lambda x, w_q, w_k, w_v: _self_attention(x, w_q, w_k, w_v)[::-1]),
         Bug("the queries and keys are projected with the same matrix: q = x @ w_q, k = x @ w_k",
          lambda x, w_q, w_k, w_v: scaled_dot_product_attention(x @ w_q, x @ w_q, x @ w_v)),
+        Bug("your softmax runs over dim 0 (the batch, for a batch of sequences): use dim=-1, the keys, "
+            "which is right for any number of leading axes", scaled_by(lambda x, w: w.shape[-1], dim=0)),
+        Bug("your scores are divided by D: the scaling is 1 / sqrt(D)", scaled_by(lambda x, w: w.shape[-1] ** 2)),
+        Bug("return both results, (output, weights): yours returns the output alone",
+            lambda x, w_q, w_k, w_v: _self_attention(x, w_q, w_k, w_v)[0]),
     ]
     return check("self_attention", fn, _self_attention, cases, bugs=bugs)
 
@@ -99,12 +114,15 @@ def _hard_lookup(q, k, v):
 def check_hard_lookup(fn) -> CheckResult:
     """Check ``hard_lookup(q (T, D), k (S, D), v (S, Dv)) -> (T, Dv)``: the value of the best key (lesson 02)."""
     g = torch.Generator().manual_seed(4)
+    near_tie = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.99, 0.0], [-1.0, 0.5]])  # (S, D): keys 1 and 3 nearly tie
     cases = [
         Case("T=3 queries, S=5 keys, D=4, Dv=2", (randn(g, 3, 4), randn(g, 5, 4), randn(g, 5, 2))),
         Case("one query, S=8 keys", (randn(g, 1, 6), randn(g, 8, 6), randn(g, 8, 3))),
         # keys of very different lengths: the largest dot product is not the nearest key here
         Case("T=6 queries, S=6 keys of different lengths",
              (randn(g, 6, 4), randn(g, 6, 4) * torch.linspace(0.2, 3.0, 6).unsqueeze(1), randn(g, 6, 3))),
+        # the best key scores only 0.01 above the next: a sharpened softmax still mixes the two values
+        Case("two keys whose scores differ by 0.01", (torch.tensor([[1.0, 0.0]]), near_tie, randn(g, 4, 2))),
     ]
     bugs = [
         Bug("your answer picks the nearest key (smallest distance); attention ranks keys by the dot product",
@@ -118,8 +136,38 @@ def check_hard_lookup(fn) -> CheckResult:
         Bug("that is the best key itself: return its value, v[best]", lambda q, k, v: k[(q @ k.T).argmax(dim=-1)]),
         Bug("your answer picks the key with the lowest score (argmin): take the argmax",
          lambda q, k, v: v[(q @ k.T).argmin(dim=-1)]),
+        Bug("those are one-hot weights (T, S): return the values they pick, v[best] (or weights @ v)",
+            lambda q, k, v: torch.nn.functional.one_hot((q @ k.T).argmax(dim=-1), k.shape[0]).to(v.dtype)),
+        Bug("your answer ranks keys by cosine similarity, which ignores their lengths: attention ranks them by "
+            "the plain dot product q . k",
+            lambda q, k, v: v[(torch.nn.functional.normalize(q, dim=-1)
+                               @ torch.nn.functional.normalize(k, dim=-1).T).argmax(dim=-1)]),
+        Bug("your answer picks the largest |score|: a very negative score is the worst match, not the best; "
+            "take the argmax of the scores themselves", lambda q, k, v: v[(q @ k.T).abs().argmax(dim=-1)]),
+        Bug("your answer is soft attention without the 1/sqrt(D) scaling: take the single best key, not a "
+            "weighted mix", lambda q, k, v: torch.softmax(q @ k.T, dim=-1) @ v),
     ]
-    return check("hard_lookup", fn, _hard_lookup, cases, bugs=bugs)
+
+    def reference(q, k, v):
+        best = _hard_lookup(q, k, v)
+        best.values_of_case = v  # for `exact` below; a known bug's output carries no such attribute
+        return best
+
+    def exact(got, expected):
+        # A softmax with a large factor only approaches the lookup; it must return exactly the best value.
+        v = getattr(expected, "values_of_case", None)
+        if v is None or not isinstance(got, torch.Tensor) or got.shape != expected.shape or \
+                not got.is_floating_point() or torch.equal(got.detach().to(expected.dtype), expected):
+            return got
+        nearest = torch.cdist(got.detach().to(v.dtype), v).argmin(dim=-1)  # (T,): the value each row is nearest
+        if torch.equal(v[nearest], expected):
+            return Reject("close to the best key's value but not exactly it: a softmax, however sharp, still "
+                          "mixes in the other values (most where two keys nearly tie); take the argmax of the "
+                          "scores and index v with it")
+        return got
+
+    return check("hard_lookup", fn, reference, cases, bugs=bugs, adapt=exact, atol=0.0, rtol=0.0,
+                 bug_tolerance=(1e-5, 1e-4))
 
 
 # --- predict, then run: how much weight does a margin of 2 buy? ----------------------------------
@@ -139,5 +187,20 @@ def check_predict_sharpness(predicted) -> CheckResult:
     """Predict then measure: the weight on the best of 8 keys whose scaled score leads the 7 others by 2 (lesson 02)."""
     # The nearest plausible wrong model, eight other keys instead of seven, predicts e^2 / (e^2 + 8) = 0.480,
     # 0.033 below the right 0.5135: a margin of 0.015 accepts rounding and rejects it.
+    e2 = math.exp(2)
+    slips = [slip_at(e2 / (e2 + 8), "e^2 / (e^2 + 8) counts eight other keys: there are seven, each "
+                     "contributing e^0 = 1, so the denominator is e^2 + 7", rel=0.01),
+             slip_at(1 / 8, "1/8 is the weight of a uniform row: a score 2 above the rest pulls more"),
+             slip_at(math.e / (math.e + 7), "the scores are already divided by sqrt(D): do not divide by "
+                     "sqrt(D) = 2 again; the weight is e^2 / (e^2 + 7)"),
+             slip_at(2 / 9, "a weight is exp(score) / sum of exp(scores), not score / sum: with exp, key 3 "
+                     "gets e^2 / (e^2 + 7)"),
+             slip_at(e2 / (e2 + 1), "e^2 / (e^2 + 1) counts one other key: the seven others each add e^0 = 1"),
+             slip_at(0.25, "0.25 = 2 / 8 divides the score by the number of keys; the softmax exponentiates: "
+                     "e^2 / (e^2 + 7)"),
+             Slip("a weight is at most 1: the softmax divides e^2 by the sum over all eight keys",
+                  lambda p, m: p > 1),
+             Slip("1 would be a hard lookup: the seven other keys still get e^0 = 1 each, so key 3 gets "
+                  "e^2 / (e^2 + 7)", lambda p, m: p == 1)]
     return check_prediction("predict_sharpness", predicted, _weight_on_best_key,
-                            "weight on the best key", abs_tol=0.015)
+                            "weight on the best key", abs_tol=0.015, slips=slips)

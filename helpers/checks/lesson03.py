@@ -7,7 +7,7 @@ import math
 import torch
 
 from helpers.attention import softmax
-from helpers.checks._core import Bug, Case, CheckResult, Reject, check, check_prediction, describe, randn
+from helpers.checks._core import Bug, Case, CheckResult, Reject, Slip, check, check_prediction, describe, randn, slip_at
 from helpers.device import peak_memory
 
 __all__ = ["check_log_softmax", "check_softmax_backward", "check_temperature_for_entropy",
@@ -34,6 +34,18 @@ def check_log_softmax(fn) -> CheckResult:
             lambda x: torch.log_softmax(x, dim=0)),
         Bug("that is the softmax, not its log: log_softmax(x) = x - max - log(sum(exp(x - max)))",
             lambda x: torch.softmax(x, dim=-1)),
+        Bug("that is log base 2 (or 10): log_softmax uses the natural log, torch.log",
+            lambda x: torch.log_softmax(x, dim=-1) / math.log(2)),
+        Bug("that is log base 10 of the sum: log_softmax uses the natural log, torch.log",
+            lambda x: x - x.amax(-1, keepdim=True) - torch.log10(torch.exp(x - x.amax(-1, keepdim=True))
+                                                                  .sum(-1, keepdim=True))),
+        Bug("you subtract the max of the whole tensor: each row needs its own, x.amax(dim=-1, keepdim=True)",
+            lambda x: x - x.max() - torch.log(torch.exp(x - x.max()).sum(-1, keepdim=True))),
+        Bug("the log of the sum is added: log p_i = x_i - m - log(sum(exp(x - m))), with a minus",
+            lambda x: x - x.amax(-1, keepdim=True) + torch.log(torch.exp(x - x.amax(-1, keepdim=True))
+                                                               .sum(-1, keepdim=True))),
+        Bug("the term - log(sum(exp(x - m))) is missing: x - m alone is not normalised",
+            lambda x: x - x.amax(-1, keepdim=True)),
     ]
     return check("log_softmax", fn, lambda x: torch.log_softmax(x, dim=-1), cases, bugs=bugs)
 
@@ -73,6 +85,15 @@ def check_softmax_backward(fn) -> CheckResult:
         Bug("your answer lacks the factor p: the result is p * (grad_p - (p . grad_p))",
             lambda p, gp: gp - (p * gp).sum(dim=-1, keepdim=True)),
         Bug("your answer has the opposite sign", lambda p, gp: -_softmax_backward(p, gp)),
+        Bug("that keeps only the diagonal of J, p (1 - p) grad_p: the off-diagonal terms -p_i p_j couple every "
+            "score to every other, so p . grad_p is a sum over the row, (p * grad_p).sum(dim=-1, keepdim=True)",
+            lambda p, gp: gp * (p - p ** 2)),
+        Bug("your sum runs over the whole tensor: sum each row, (p * grad_p).sum(dim=-1, keepdim=True)",
+            lambda p, gp: p * (gp - (p * gp).sum())),
+        Bug("your sum runs over the first dimension: sum over the last one, dim=-1",
+            lambda p, gp: p * (gp - (p * gp).sum(dim=0, keepdim=True))),
+        Bug("the second term lacks its factor p: p * grad_p - p * (p . grad_p)",
+            lambda p, gp: p * gp - (p * gp).sum(dim=-1, keepdim=True)),
     ]
     return check("softmax_backward", fn, _softmax_backward, cases, bugs=bugs, then=_no_jacobian)
 
@@ -124,6 +145,12 @@ def check_temperature_for_entropy(fn) -> CheckResult:
             tau = tau.item()
         if isinstance(tau, bool) or not isinstance(tau, (int, float)):
             return Reject(f"return the temperature as a number, got {describe(tau)}")
+        def off(t):  # how far the entropy at temperature t lies from the target
+            return abs(float(_entropy(softmax(scores / t))) - target)
+
+        if math.isfinite(tau) and abs(tau) < 700 and off(math.exp(tau)) <= atol and not (tau > 0 and off(tau) <= atol):
+            return Reject(f"that is log tau ({tau:.6g}): you bisect on log tau, so return its exp, "
+                          f"tau = {math.exp(tau):.6g}")
         if not tau > 0.0:
             return Reject(f"a temperature must be positive, got tau = {tau}")
         return _Reached(float(_entropy(softmax(scores / tau))), float(tau))
@@ -147,5 +174,15 @@ def _score_std(D: int = 64) -> float:
 
 def check_predict_score_std(predicted) -> CheckResult:
     """Predict then measure: the standard deviation of q . k for random unit-variance q, k of width 64 (lesson 03)."""
+    slips = [slip_at(64, "64 is the variance of q . k (d_k = 64); the standard deviation is its square root"),
+             slip_at(1, "1 is the standard deviation after the division by sqrt(d_k); this score is unscaled"),
+             slip_at(0.125, "1/8 = 1/sqrt(64) is the scaling factor, not the spread of the score"),
+             slip_at(4096, "4096 = 64^2 squares the width: the variance is d_k = 64, the standard deviation 8"),
+             slip_at(32, "32 halves the width: each of the 64 products q_i k_i has variance 1, and variances add"),
+             slip_at(math.sqrt(8), "sqrt(8) takes the square root twice: the variance is 64, so the standard "
+                     "deviation is sqrt(64)"),
+             Slip("0 is the mean of q . k (positive and negative products cancel on average); the question asks "
+                  "for its spread", lambda p, m: p == 0),
+             Slip("a standard deviation is never negative", lambda p, m: p < 0)]
     return check_prediction("predict_score_std", predicted, _score_std,
-                            "standard deviation of q . k at D=64", rel_tol=0.1)
+                            "standard deviation of q . k at D=64", rel_tol=0.1, slips=slips)

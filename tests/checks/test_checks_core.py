@@ -8,6 +8,7 @@ import torch
 
 from helpers import checks
 from helpers.checks import Bug, Case, check, check_prediction, compare
+from helpers.checks._core import Slip, slip_at
 
 
 def _double(x):
@@ -225,3 +226,48 @@ def test_a_string_answer_is_never_read_as_the_reason(rejects):
 
 def test_tuples_of_the_wrong_length_say_both_lengths():
     assert compare((1, 2, 3), (1, 2, 3, 4)) == "expected a tuple of 4 results, got tuple of 3 items"
+
+
+def test_every_check_names_a_missing_function(capsys):
+    """None or a string in place of the function: every exercise check says so, even one that wraps the
+    learner's function in its own (which would otherwise report "'NoneType' object is not callable")."""
+
+
+    names = [n for n in dir(checks) if n.startswith("check_") and not n.startswith("check_predict")
+             and n != "check_prediction"]
+    for name in names:
+        for answer, kind in ((None, "NoneType"), ("my answer", "str")):
+            capsys.readouterr()
+            assert not getattr(checks, name)(answer)
+            line = capsys.readouterr().out.strip()
+            assert line.startswith("✗") and f"expected a function, got {kind}" in line, (name, line)
+
+
+def test_a_non_callable_inside_the_learners_code_is_the_learners_error(rejects):
+    helper = None
+
+    def uses_a_missing_helper(x):
+        return helper(x)
+
+    rejects(run, uses_a_missing_helper, "your function raised TypeError: 'NoneType' object is not callable")
+
+
+def test_prediction_slips_name_the_classic_mistake(verdict):
+    slips = [slip_at(64.0, "64 is the variance"), Slip("never negative", lambda p, m: p < 0)]
+    ok, line = verdict(lambda p: check_prediction("std", p, lambda: 8.0, "width", rel_tol=0.1, slips=slips), 64)
+    assert not ok and line.endswith("more than 0.8 away: 64 is the variance")
+    ok, line = verdict(lambda p: check_prediction("std", p, lambda: 8.0, "width", rel_tol=0.1, slips=slips), -8)
+    assert not ok and line.endswith("never negative")
+    ok, line = verdict(lambda p: check_prediction("std", p, lambda: 8.0, "width", rel_tol=0.1, slips=slips), 20)
+    assert not ok and line.endswith("find the step of your reasoning that differs")
+
+
+def test_value_and_shape_hints():
+    assert compare(-torch.arange(1.0, 4.0), torch.arange(1.0, 4.0)).endswith("your values have the opposite sign")
+    assert "2 times the right ones" in compare(2 * torch.arange(1.0, 4.0), torch.arange(1.0, 4.0))
+    m = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert "transpose of the right one" in compare(m.T, m)
+    assert "an extra axis of size 1" in compare(torch.ones(2, 1), torch.ones(2))
+    assert "an axis of size 1 is missing" in compare(torch.ones(2), torch.ones(2, 1))
+    assert "the last two axes are swapped" in compare(torch.ones(3, 2), torch.ones(2, 3))
+    assert compare(torch.tensor([1.0, 5.0]), torch.tensor([1.0, 2.0])).endswith("(largest difference 3)")

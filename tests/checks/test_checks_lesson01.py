@@ -59,7 +59,7 @@ def test_attention_read(accepts, rejects):
         w = torch.softmax(scores.masked_fill_(~mask, float("-inf")), dim=-1)
         return (w[:, None] @ h)[:, 0], w
     rejects(check_attention_read, fills_in_place, "in place")
-    rejects(check_attention_read, lambda s, h, m: attention_read(s, h, m)[0], "expected a tuple of 2")
+    rejects(check_attention_read, lambda s, h, m: attention_read(s, h, m)[0], "yours returns the context alone")
 
     def squeezes(scores, h, mask):  # squeeze() also drops the batch axis when B = 1
         w = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
@@ -154,4 +154,8 @@ def test_predict_vanishing(verdict):
     ok, line = verdict(check_predict_vanishing, 19 * torch.log10(torch.tensor(0.5)).item())  # radius^19 alone
     assert ok and line.startswith("✓ predict_vanishing: you predicted -5.72; the measured")
     ok, line = verdict(check_predict_vanishing, 0.0)  # "nothing vanishes"
-    assert not ok and line.startswith("✗ predict_vanishing")
+    assert not ok and line.startswith("✗ predict_vanishing") and "does not change along the 19 steps" in line
+    for slip, words in ((2e-6, "looks like the ratio itself"), (6.0, "a positive log10"), (-19.0, "too much shrinking"),
+                        (-1.0, "too little shrinking")):
+        ok, line = verdict(check_predict_vanishing, slip)
+        assert not ok and words in line, line

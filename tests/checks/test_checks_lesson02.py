@@ -41,7 +41,7 @@ def self_attention(x, w_q, w_k, w_v):
 def test_check_self_attention(verdict):
     assert verdict(check_self_attention, self_attention)[0]
     ok, line = verdict(check_self_attention, lambda x, w_q, w_k, w_v: self_attention(x, w_q, w_k, w_v)[0])
-    assert not ok and "expected a tuple of 2 results" in line
+    assert not ok and "yours returns the output alone" in line
     bugs = {
         "the values are x @ w_v": lambda x, w_q, w_k, w_v: self_attention(x, w_q, w_k, torch.eye(x.shape[-1])),
         "divides by sqrt(C)": lambda x, w_q, w_k, w_v: self_attention(
@@ -103,3 +103,9 @@ def test_predict_sharpness(verdict):
     ok, line = verdict(check_predict_sharpness, math.exp(2) / (math.exp(2) + 7))
     assert ok and line.startswith("✓ predict_sharpness: you predicted 0.5135")
     assert not verdict(check_predict_sharpness, 1.0)[0]  # "the best key takes everything"
+    for slip, words in ((1.0, "a hard lookup"), (0.48, "counts eight other keys"), (0.125, "a uniform row"),
+                        (math.e / (math.e + 7), "already divided by sqrt(D)"), (2 / 9, "not score / sum"),
+                        (0.88, "counts one other key"), (0.25, "divides the score by the number of keys"),
+                        (7.39, "at most 1")):
+        ok, line = verdict(check_predict_sharpness, slip)
+        assert not ok and words in line, line

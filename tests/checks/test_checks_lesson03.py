@@ -115,3 +115,8 @@ def test_predict_score_std(verdict):
     assert ok and line.startswith("✓ predict_score_std: you predicted 8; the measured")
     assert not verdict(check_predict_score_std, 1.0)[0]  # "about 1, like the entries"
     assert not verdict(check_predict_score_std, 64.0)[0]  # the variance, not the standard deviation
+    for slip, words in ((64, "is the variance"), (1, "after the division by sqrt(d_k)"), (0.125, "scaling factor"),
+                        (4096, "squares the width"), (32, "halves the width"), (2.83, "square root twice"),
+                        (0, "the mean of q . k"), (-8, "never negative")):
+        ok, line = verdict(check_predict_score_std, slip)
+        assert not ok and words in line, line

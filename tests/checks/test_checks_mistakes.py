@@ -47,6 +47,9 @@ mistakes("check_split_heads", [
     (lambda x, h: x.reshape(x.shape[0], x.shape[1], h, -1), "the transpose is missing"),
     (lambda x, h: x.reshape(x.shape[0], x.shape[1], -1, h).transpose(1, 2), "H and D are swapped"),
     (lambda x, h: _split(x, h).transpose(-2, -1), "(B, H, D, T)"),
+    (lambda x, h: x.reshape(x.shape[0], x.shape[1], -1, h).permute(0, 3, 1, 2), "every H-th feature"),
+    (lambda x, h: x.view(x.shape[0], x.shape[1], h, -1).transpose(0, 2), "transpose(0, 2) moves the batch axis"),
+    (lambda x, h: _split(x, h).double(), "a .double()"),
 ])
 
 mistakes("check_merge_heads", [
@@ -57,6 +60,8 @@ mistakes("check_merge_heads", [
     (lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], -1), "wrong order"),
     (lambda x: x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1).transpose(1, 2), "(B, T, H * D)"),
     (lambda x: x.transpose(1, 2).view(x.shape[0], x.shape[2], -1), "use reshape"),
+    (lambda x: x.transpose(1, 2).reshape(x.shape[0], -1), "the token axis is gone"),
+    (lambda x: x.transpose(1, 2), "transpose(1, 2) alone"),
 ])
 
 mistakes("check_scores_shape", [
@@ -68,6 +73,10 @@ mistakes("check_scores_shape", [
     (lambda B, H, T, S: (B, T, H, S), "H comes second"),
     (lambda B, H, T, S: (B, H, T, T), "counts the keys"),
     (lambda B, H, T, S: torch.zeros(B, H, T, S), "not a tensor of that shape"),
+    (lambda B, H, T, S: (B * H, T, S), "merged into one"),
+    (lambda B, H, T, S: (H, T, S), "the batch axis is missing"),
+    (lambda B, H, T, S: B * H * T * S, "the number of scores"),
+    (lambda B, H, T, S: f"({B}, {H}, {T}, {S})", "not a string"),
 ])
 
 
@@ -87,6 +96,14 @@ mistakes("check_additive_scores", [_additive, _additive_loop], [
     (lambda s, h, W, U, b, v: torch.tanh((s @ W.T)[:, None, :] + h @ U.T) @ v, "the bias b is missing"),
     (lambda s, h, W, U, b, v: torch.tanh((s @ W.T)[:, None, :] + h @ U.T + b).sum(-1), "product with v"),
     (lambda s, h, W, U, b, v: torch.softmax(_additive(s, h, W, U, b, v), -1), "those are the weights"),
+    (lambda s, h, W, U, b, v: (torch.tanh((s @ W.T)[:, None, :] + h @ U.T) + b) @ v, "added after the tanh"),
+    (lambda s, h, W, U, b, v: torch.tanh(h @ U.T + b) @ v, "the query term W s is missing"),
+    (lambda s, h, W, U, b, v: torch.tanh((s @ W.T + b)[:, None, :].expand(-1, h.shape[1], -1)) @ v,
+     "the state term U h_j is missing"),
+    (lambda s, h, W, U, b, v: torch.relu((s @ W.T)[:, None, :] + h @ U.T + b) @ v, "not ReLU"),
+    (lambda s, h, W, U, b, v: torch.sigmoid((s @ W.T)[:, None, :] + h @ U.T + b) @ v, "not the sigmoid"),
+    (lambda s, h, W, U, b, v: _additive(s, h, W, U, b, v) / len(v) ** 0.5, "no 1/sqrt(A) factor"),
+    (lambda s, h, W, U, b, v: -_additive(s, h, W, U, b, v), "opposite sign"),
 ])
 
 
@@ -108,12 +125,22 @@ def _read_max_over_all(s, h, m):
     return (w.unsqueeze(-1) * h).sum(dim=1), w
 
 
+def _read_weights(h, w):
+    return (w.unsqueeze(-1) * h).sum(dim=1), w
+
+
 mistakes("check_attention_read", [_read, _read_by_hand], [
     (lambda s, h, m: _read(s, h, torch.ones_like(m)), "padded positions still get weight"),
     (lambda s, h, m: _read(s, h, ~m), "polarity is flipped"),
     (_read_max_over_all, "row max also sees the padded scores"),
     (lambda s, h, m: _read(s.masked_fill(~m, 0.0), h, torch.ones_like(m)), "set to 0"),
     (lambda s, h, m: _read(s, h, m)[::-1], "swapped"),
+    (lambda s, h, m: _read_weights(h, torch.softmax(s.masked_fill(~m, float("-inf")), dim=0)), "over the batch"),
+    (lambda s, h, m: _read_weights(h, torch.softmax(s, dim=-1) * m), "no longer sum to 1"),
+    (lambda s, h, m: _read_weights(h, torch.exp(s) * m / (torch.exp(s) * m).sum(-1, keepdim=True)), "exp overflows"),
+    (lambda s, h, m: _read(s, h, m)[0], "the context alone"),
+    (lambda s, h, m: (h.sum(dim=1), _read(s, h, m)[1]), "without the weights"),
+    (lambda s, h, m: ((_read(s, h, m)[1][..., None] * h).mean(dim=1), _read(s, h, m)[1]), "divides by S"),
 ])
 
 
@@ -150,6 +177,11 @@ mistakes("check_input_gradient_norms", [_norms, _norms_autograd], [
     (lambda rnn, x: _norms(rnn, x) ** 2, "squared norm"),
     (lambda rnn, x: _grad(rnn, x).norm(dim=0), "the norm runs over the positions"),
     (lambda rnn, x: _grad(rnn, x, 0).norm(dim=-1), "the first state"),
+    (lambda rnn, x: _grad(rnn, x).abs().sum(-1), "L1 norm"),
+    (lambda rnn, x: _grad(rnn, x).sum(-1), "sum of the gradient's entries"),
+    (lambda rnn, x: _grad(rnn, x), "the whole gradient (L, C)"),
+    (lambda rnn, x: _norms(rnn, x).flip(0), "reverse order"),
+    (lambda rnn, x: _norms(rnn, x) / _norms(rnn, x)[-1], "divided by the last one"),
 ])
 
 
@@ -186,12 +218,26 @@ def _accuracy_padded_width(w, n):
     return hits / total
 
 
+def _accuracy_target(w, n, target, all_rows=False):
+    hits = total = 0
+    for b, L in enumerate(n.tolist()):
+        rows = w.shape[1] if all_rows else L
+        hits += (w[b, :rows].argmax(-1) == torch.tensor([target(L, i) for i in range(rows)])).sum().item()
+        total += rows
+    return hits / total
+
+
 mistakes("check_alignment_accuracy", [_accuracy, _accuracy_vectorised], [
     (_accuracy_wrong_axis, "argmax runs over the outputs"),
     (_accuracy_padded_width, "not from the padded width"),
     (lambda w, n: sum(_accuracy(w[b:b + 1], n[b:b + 1]) for b in range(len(n))) / len(n), "mean of the sequences"),
     (lambda w, n: 100 * _accuracy(w, n), "percentage"),
     (lambda w, n: str(_accuracy(w, n)), "return a number"),
+    (lambda w, n: _accuracy_target(w, n, lambda L, i: i), "the diagonal"),
+    (lambda w, n: _accuracy_target(w, n, lambda L, i: L - i), "off by one"),
+    (lambda w, n: _accuracy_target(w, n, lambda L, i: L - 1 - i, all_rows=True), "padded outputs"),
+    (lambda w, n: round(_accuracy(w, n) * int(n.sum())), "the number of hits"),
+    (lambda w, n: 1 - _accuracy(w, n), "fraction of misses"),
 ])
 
 
@@ -211,6 +257,12 @@ mistakes("check_one_query", [
     (lambda q, k, v: (k @ q / math.sqrt(q.shape[0])) @ v, "need a softmax"),
     (lambda q, k, v: torch.softmax(k @ q / math.sqrt(q.shape[0]), -1), "those are the weights"),
     (lambda q, k, v: torch.softmax(k @ q / q.shape[0], -1) @ v, "divided by D"),
+    (lambda q, k, v: torch.softmax(k @ q / k.shape[0] ** 0.5, -1) @ v, "sqrt(S)"),
+    (lambda q, k, v: torch.softmax(k @ q * q.shape[0] ** 0.5, -1) @ v, "multiplied by sqrt(D)"),
+    (lambda q, k, v: v.sum(0), "plain sum of the values"),
+    (lambda q, k, v: v[(k @ q).argmax()], "a hard lookup"),
+    (lambda q, k, v: torch.softmax(-(k @ q) / q.shape[0] ** 0.5, -1) @ v, "wrong sign"),
+    (lambda q, k, v: (torch.softmax(k @ q / q.shape[0] ** 0.5, -1) @ v)[None], "an extra axis of size 1"),
 ])
 
 
@@ -232,6 +284,12 @@ def _transposed(x, w_q, w_k, w_v):
     return weights @ v, weights
 
 
+def _self_attention_softmax_dim(x, w_q, w_k, w_v, dim):
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=dim)
+    return weights @ v, weights
+
+
 mistakes("check_self_attention", [_self_attention, _self_attention_einsum], [
     (lambda x, w_q, w_k, w_v: _self_attention(x, w_q, w_k, torch.eye(x.shape[-1])), "the values are x @ w_v"),
     (lambda x, w_q, w_k, w_v: _self_attention(x, w_q * math.sqrt(w_q.shape[-1] / x.shape[-1]), w_k, w_v),
@@ -240,6 +298,9 @@ mistakes("check_self_attention", [_self_attention, _self_attention_einsum], [
     (_transposed, "transposed (K Q^T)"),
     (lambda x, w_q, w_k, w_v: _self_attention(x, w_q, w_k, w_v)[::-1], "swapped"),
     (lambda x, w_q, w_k, w_v: _self_attention(x, w_q, w_q, w_v), "same matrix"),
+    (lambda x, w_q, w_k, w_v: _self_attention_softmax_dim(x, w_q, w_k, w_v, 0), "dim 0"),
+    (lambda x, w_q, w_k, w_v: _self_attention(x, w_q * w_q.shape[-1] ** -0.5, w_k, w_v), "divided by D"),
+    (lambda x, w_q, w_k, w_v: _self_attention(x, w_q, w_k, w_v)[0], "the output alone"),
 ])
 
 mistakes("check_hard_lookup", [
@@ -251,6 +312,13 @@ mistakes("check_hard_lookup", [
     (lambda q, k, v: (q @ k.T).argmax(dim=1), "indices of the best keys"),
     (lambda q, k, v: k[(q @ k.T).argmax(dim=1)], "the best key itself"),
     (lambda q, k, v: v[(q @ k.T).argmin(dim=1)], "argmin"),
+    (lambda q, k, v: torch.softmax(50 * q @ k.T, -1) @ v, "not exactly it"),
+    (lambda q, k, v: torch.softmax(1000 * q @ k.T, -1) @ v, "not exactly it"),
+    (lambda q, k, v: torch.softmax(q @ k.T, -1) @ v, "without the 1/sqrt(D) scaling"),
+    (lambda q, k, v: F.one_hot((q @ k.T).argmax(1), k.shape[0]).float(), "one-hot weights"),
+    (lambda q, k, v: v[(F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).T).argmax(1)], "cosine similarity"),
+    (lambda q, k, v: v[(q @ k.T).abs().argmax(1)], "largest |score|"),
+    (lambda q, k, v: v[(q @ k.T).argmax(1, keepdim=True)], "an extra axis of size 1"),
 ])
 
 mistakes("check_attention", [
@@ -261,6 +329,12 @@ mistakes("check_attention", [
     (lambda q, k, v: torch.softmax(q @ k.mT / q.shape[-1] ** 0.5, -2) @ v, "over the queries"),
     (lambda q, k, v: torch.softmax(q @ k.mT / q.shape[-1], -1) @ v, "divided by D"),
     (lambda q, k, v: torch.softmax(q @ k.mT / q.shape[-1] ** 0.5, -1), "returns the weights"),
+    (lambda q, k, v: torch.softmax(q @ k.mT / q.shape[-1] ** 0.5, 0) @ v, "dim 0"),
+    (lambda q, k, v: torch.softmax(q @ k.mT / k.shape[-2] ** 0.5, -1) @ v, "sqrt(S)"),
+    (lambda q, k, v: torch.softmax(q @ k.mT * q.shape[-1] ** 0.5, -1) @ v, "multiplied by sqrt(D)"),
+    (lambda q, k, v: torch.softmax(k @ q.mT / q.shape[-1] ** 0.5, -1) @ v, "transposed (K Q^T)"),
+    (lambda q, k, v: torch.softmax(q @ k.mT / q.shape[-1] ** 0.5, -1) @ k, "multiply the keys"),
+    (lambda q, k, v: (torch.softmax(q @ k.mT / q.shape[-1] ** 0.5, -1) @ v).double(), "a .double()"),
 ])
 
 mistakes("check_softmax", [
@@ -271,6 +345,11 @@ mistakes("check_softmax", [
     (lambda x: torch.softmax(x, dim=0), "first dimension"),
     (lambda x: torch.exp(x - x.max()) / torch.exp(x - x.max()).sum(), "whole tensor"),
     (lambda x: torch.exp(x - x.amax(-1, keepdim=True)) / torch.exp(x).sum(-1, keepdim=True), "only in the numerator"),
+    (lambda x: torch.exp(x - x.max()) / torch.exp(x - x.max()).sum(-1, keepdim=True), "row's own max"),
+    (lambda x: torch.log_softmax(x, -1), "that is log_softmax"),
+    (lambda x: x / x.sum(-1, keepdim=True), "the exp is missing"),
+    (lambda x: torch.exp(x - x.amax(-1, keepdim=True)), "division by the row sum is missing"),
+    (lambda x: torch.softmax(-x, -1), "of -x"),
 ])
 
 
@@ -285,6 +364,13 @@ mistakes("check_log_softmax", [
     (lambda x: x - torch.log(torch.exp(x - x.amax(-1, keepdim=True)).sum(-1, keepdim=True)), "not outside"),
     (lambda x: torch.log_softmax(x, dim=0), "first dimension"),
     (lambda x: torch.softmax(x, dim=-1), "not its log"),
+    (lambda x: torch.log_softmax(x, -1) / math.log(2), "log base 2"),
+    (lambda x: x - x.amax(-1, keepdim=True) - (x - x.amax(-1, keepdim=True)).exp().sum(-1, keepdim=True).log10(),
+     "log base 10"),
+    (lambda x: x - x.max() - (x - x.max()).exp().sum(-1, keepdim=True).log(), "max of the whole tensor"),
+    (lambda x: x - x.amax(-1, keepdim=True) + (x - x.amax(-1, keepdim=True)).exp().sum(-1, keepdim=True).log(),
+     "is added"),
+    (lambda x: x - x.amax(-1, keepdim=True), "is missing"),
 ])
 
 
@@ -303,6 +389,11 @@ mistakes("check_softmax_backward", [
     (lambda p, g: g - (p * g).sum(-1, keepdim=True), "lacks the factor p"),
     (lambda p, g: -(p * (g - (p * g).sum(-1, keepdim=True))), "opposite sign"),
     (lambda p, g: ((torch.diag_embed(p) - p[..., :, None] * p[..., None, :]) @ g[..., None])[..., 0], "Jacobian"),
+    (lambda p, g: g * (p - p ** 2), "only the diagonal"),
+    (lambda p, g: p * g - p * (p * g), "a sum over the row"),  # the same as the diagonal alone
+    (lambda p, g: p * (g - (p * g).sum()), "over the whole tensor"),
+    (lambda p, g: p * (g - (p * g).sum(0, keepdim=True)), "over the first dimension"),
+    (lambda p, g: p * g - (p * g).sum(-1, keepdim=True), "lacks its factor p"),
 ])
 
 
@@ -323,6 +414,7 @@ mistakes("check_temperature_for_entropy", [
     (lambda scores, target: 1 / _tau_bisect(scores, target), "the other way round"),
     (lambda scores, target: -_tau_bisect(scores, target), "must be positive"),
     (lambda scores, target: "1.0", "as a number"),
+    (lambda scores, target: math.log(_tau_bisect(scores, target)), "that is log tau"),
 ])
 
 # --- lesson 04 ------------------------------------------------------------------------------------
