@@ -196,7 +196,7 @@ def seq2seq_diagram(source, target, weights=None, hidden_size=None, values="stat
     width = 10.5
     fig, ax = canvas(width, 8.7, f"RNN encoder-decoder, S = {S} source tokens, T = {T} output steps")
     def half(y0, attention):
-        x0, span = 1.3, width - 1.6
+        x0, span = 1.65, width - 1.95
         ax.text(0.15, y0 + 1.75, "encoder", fontsize=FONT, va="center")
         ax.text(0.15, y0 + 2.95, "decoder", fontsize=FONT, va="center")
         xs = token_row(ax, src, x0, y0 + 1.1, span, role="other", fontsize=SMALL)
@@ -205,8 +205,13 @@ def seq2seq_diagram(source, target, weights=None, hidden_size=None, values="stat
             arrow(ax, (a + 0.2, y0 + 1.75), (b - 0.2, y0 + 1.75), role="key", lw=1)
         for x in xs:
             arrow(ax, (x, y0 + 1.29), (x, y0 + 1.56), lw=1)
-        ys = token_row(ax, [f"s{i}" for i in range(T)], x0, y0 + 2.95, span, role="query", fontsize=SMALL)
-        for a, b in zip(ys[:-1], ys[1:], strict=True):  # the decoder is recurrent too: s_i reads s_(i-1)
+        # s_0 = tanh(W_init c) starts the decoder and writes nothing; step i (from 1) writes output i from s_i
+        ys = token_row(ax, [f"s{i + 1}" for i in range(T)], x0, y0 + 2.95, span, role="query", fontsize=SMALL)
+        s0 = x0 - 0.5
+        box(ax, s0, y0 + 2.95, 0.42, 0.36, "s0", role="query", fontsize=SMALL)
+        ax.text(s0, y0 + 3.2, "start", ha="center", va="bottom", fontsize=SMALL - 1)
+        chain = [s0] + list(ys)
+        for a, b in zip(chain[:-1], chain[1:], strict=True):  # the decoder is recurrent too: s_i reads s_(i-1)
             arrow(ax, (a + 0.2, y0 + 2.95), (b - 0.2, y0 + 2.95), role="query", lw=1)
         outs = token_row(ax, tgt, x0, y0 + 3.6, span, fontsize=SMALL)
         for x in outs:
@@ -215,10 +220,10 @@ def seq2seq_diagram(source, target, weights=None, hidden_size=None, values="stat
             cx = x0 + span + 0.05
             box(ax, cx, y0 + 2.35, 0.45, 0.36, "c", role="value")
             arrow(ax, (hs[-1] + 0.2, y0 + 1.8), (cx, y0 + 2.16), role="key")
-            for x in ys:
-                ax.plot([cx - 0.22, x], [y0 + 2.35, y0 + 2.76], color=ROLE_COLORS["value"], lw=1)
-            ax.text(x0, y0 + 0.55, f"one context vector c (the encoder's final state{hid}), the same for all "
-                    f"{T} steps: every output must be read from it", fontsize=FONT, va="center")
+            for x in [s0] + list(ys):  # c sets s_0 and is read again at every step
+                arrow(ax, (cx - 0.22, y0 + 2.35), (x, y0 + 2.76), role="value", lw=0.9)
+            ax.text(x0, y0 + 0.55, f"one context vector c (the encoder's final states{hid}) sets s0 and is read "
+                    f"at all {T} steps:\nevery output must come from it", fontsize=FONT, va="center")
         else:
             top = max(float(w.max()), 1e-12)
             for i, xi in enumerate(ys):
@@ -335,8 +340,10 @@ def softmax_gradient_diagram(d_k, S=8, seed=0):
         jac = np.diag(p) - np.outer(p, p)  # (S, S): dp_i / ds_j
         ax.text(0.15, y + 0.95, name, fontsize=FONT + 1, weight="bold")
         box(ax, 1.35, y, 2.1, 0.9, label, role="query", fontsize=SMALL)
-        arrow(ax, (2.45, y), (3.2, y), text="softmax")
-        inset = ax.inset_axes((3.35, y - 0.75, 2.6, 1.5), transform=ax.transData)
+        # forward: the softmax turns the scores into p; backward: the gradient on p goes back through J
+        arrow(ax, (2.45, y + 0.22), (3.45, y + 0.22), text="softmax")
+        arrow(ax, (3.45, y - 0.22), (2.45, y - 0.22), role="mask", text="J dL/dp", text_offset=(0.0, -0.36))
+        inset = ax.inset_axes((4.15, y - 0.75, 2.5, 1.5), transform=ax.transData)  # its axis labels fill 3.5-4.15
         inset.bar(np.arange(S), p, color=ROLE_COLORS["weights"])
         inset.set_ylim(0, 1)
         inset.set_xticks(range(S))
@@ -344,13 +351,12 @@ def softmax_gradient_diagram(d_k, S=8, seed=0):
         inset.set_xlabel("key", fontsize=7, labelpad=1)
         inset.set_ylabel("p", fontsize=7, labelpad=1)
         inset.set_title(f"p: largest {p.max():.2f}", fontsize=SMALL)
-        arrow(ax, (6.1, y), (6.85, y), text="d p / d s")
         norm = np.linalg.norm(jac)
         shown = "< 1e-6" if norm < 1e-6 else f"= {norm:.2g}"
-        box(ax, 8.75, y, 3.6, 0.9, f"J = diag(p) - p p^T\n||J||_F {shown}: how much of a gradient\n"
-            "on p can reach the scores", role="mask" if p.max() > 0.99 else "weights", fontsize=SMALL)
-    ax.text(0.15, 0.2, "A one-hot p gives J = 0: that row passes no gradient back to its scores, whatever the loss.",
-            fontsize=FONT)
+        box(ax, 8.95, y, 3.5, 1.05, f"J = diag(p) - p p^T = d p / d s\n||J||_F {shown}: how much of a\n"
+            "gradient on p gets back to the scores", role="mask" if p.max() > 0.99 else "weights", fontsize=SMALL)
+    ax.text(0.15, 0.2, "Forward: scores -> softmax -> p. Backward: dL/ds = J dL/dp. A one-hot p gives J = 0: "
+            "that row passes no gradient back to its scores.", fontsize=FONT)
     return fig
 
 

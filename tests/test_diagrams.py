@@ -192,3 +192,46 @@ def test_log_axes_of_curves_read_as_plain_numbers():
     assert minor == [] and len(major) >= 3  # majors alone on wide spans, each a plain number such as 1e-06
     assert all(float(t.replace("\u2212", "-")) > 0 for t in major), major
     plt.close("all")
+
+
+def test_seq2seq_s0_starts_the_decoder_and_c_points_at_every_state():
+    """s0 = tanh(W c) writes no output (outputs come from s1..sT), and every line from c has an arrowhead."""
+    from matplotlib.patches import FancyArrowPatch
+
+    fig = diagrams.seq2seq_diagram(list("abc"), list("cba"))
+    labels = [t.get_text() for t in fig.findobj(Text)]
+    assert {"s0", "s1", "s3"} <= set(labels) and "s4" not in labels
+    value = matplotlib.colors.to_rgba(ROLE_COLORS["value"])
+    from_c = [p for p in fig.findobj(FancyArrowPatch) if p.get_edgecolor() == value]
+    assert len(from_c) == 3 + 1  # c -> s0 and c -> s1..s3, each an arrow
+    ax = fig.axes[0]
+    s0_x = next(t.get_position()[0] for t in ax.texts if t.get_text() == "s0")
+    outs_x = [t.get_position()[0] for t in ax.texts if t.get_text() in ("c", "b", "a")]
+    assert all(abs(x - s0_x) > 0.3 for x in outs_x)  # no output token sits above s0
+    plt.close(fig)
+
+
+def test_softmax_gradient_arrows_clear_the_bars_and_the_gradient_points_back():
+    from matplotlib.patches import FancyArrowPatch
+
+    fig = diagrams.softmax_gradient_diagram(d_k=64)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    arrows = ax.findobj(FancyArrowPatch)
+    mask = matplotlib.colors.to_rgba(ROLE_COLORS["mask"])
+    back = [a for a in arrows if a.get_edgecolor() == mask]
+    assert len(back) == 2  # one per row
+    for a in back:
+        (x0, _), (x1, _) = a._posA_posB
+        assert x1 < x0  # the gradient goes from p back to the scores
+    renderer = fig.canvas.get_renderer()
+    for inset in fig.axes[1:]:
+        labels_left = inset.get_tightbbox(renderer).x0  # the inset with its tick and axis labels, in pixels
+        for a in arrows:
+            (x0, y0), (x1, y1) = a._posA_posB
+            right = ax.transData.transform((max(x0, x1), y0))[0]
+            inset_box = inset.get_window_extent(renderer)
+            y_px = ax.transData.transform((x0, y0))[1]
+            if inset_box.y0 <= y_px <= inset_box.y1 and right < inset_box.x0:
+                assert right < labels_left  # no arrowhead lies on the inset's axis labels
+    plt.close(fig)
