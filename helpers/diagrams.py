@@ -388,7 +388,7 @@ def multi_head_diagram(T, d_model, n_heads, B=1):
         if h is None:
             ax.text(6.45, y, f"... {H - 3} more heads ...", ha="center", va="center", fontsize=FONT)
             continue
-        box(ax, 6.45, y, 1.75, min(0.7, step * 0.8), f"head {h}: attend\n(B, T, D) = ({B}, {T}, {D})",
+        box(ax, 6.45, y, 1.75, min(0.7, step * 0.8), f"head {h + 1}: attend\n(B, T, D) = ({B}, {T}, {D})",
             role="weights", fontsize=SMALL)
     # every head reads its own slice of Q, K and V: each split fans out to every head
     box_h = min(0.7, step * 0.8)
@@ -405,8 +405,9 @@ def multi_head_diagram(T, d_model, n_heads, B=1):
     tensor(ax, 10.1, 3.5, 1.4, 0.7, "W_o", f"(C, C) = ({C}, {C})")
     arrow(ax, (10.1, 3.14), (10.1, 2.3))
     tensor(ax, 10.1, 1.9, 1.4, 0.75, "out", f"(B, T, C)\n= ({B}, {T}, {C})")
-    ax.text(0.2, 0.25, f"each head sees only its own D = {D} of the C = {C} features; the heads cost no "
-            "more than one head of width C (same four C x C matrices)", fontsize=FONT)
+    ax.text(0.2, 0.25, f"each projection reads all C = {C} input features; each head gets its own D = {D} of the "
+            f"C projected features of Q, K and V.\nThe heads cost no more than one head of width C (the same four "
+            "C x C matrices).", fontsize=FONT)
     return fig
 
 

@@ -48,7 +48,7 @@ CASES = [
     (diagrams.multi_head_diagram, dict(T=8, d_model=32, n_heads=2), ["(1, 2, 8, 16)", "(32, 32)", "head 1",
                                                                      "D = C / H = 16"]),
     (diagrams.multi_head_diagram, dict(T=6, d_model=48, n_heads=8, B=3),
-     ["(3, 8, 6, 6)", "(48, 48)", "head 7", "5 more heads", "(3, 6, 48)"]),
+     ["(3, 8, 6, 6)", "(48, 48)", "head 8", "5 more heads", "(3, 6, 48)"]),
     (diagrams.mask_diagram, dict(T=6, length=3, tokens=["dogs", "bark", "loudly"]),
      ["causal_mask(6)", "length 3 of 6", "keeps 21 of 36", "keeps 18 of 36", "keeps 15 of 36", "may attend",
       "<pad>"]),
@@ -235,3 +235,12 @@ def test_softmax_gradient_arrows_clear_the_bars_and_the_gradient_points_back():
             if inset_box.y0 <= y_px <= inset_box.y1 and right < inset_box.x0:
                 assert right < labels_left  # no arrowhead lies on the inset's axis labels
     plt.close(fig)
+
+
+def test_multi_head_diagram_numbers_heads_from_1_and_says_the_heads_slice_the_projections():
+    import matplotlib.pyplot as plt
+    fig = diagrams.multi_head_diagram(T=5, d_model=12, n_heads=3)
+    texts = " ".join(t.get_text() for t in fig.axes[0].texts)
+    plt.close(fig)
+    assert "head 1:" in texts and "head 3:" in texts and "head 0" not in texts
+    assert "each projection reads all C = 12 input features" in texts and "projected features" in texts

@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction, first_output, randn, torch_calls
+from helpers.checks._core import Bug, Case, CheckResult, check, first_output, randn, torch_calls
+from helpers.checks._slips import check_prediction_with_slips
 
 __all__ = ["check_mha_param_count", "check_split_qkv", "check_grouped_query_attention", "check_pattern_mass",
            "check_predict_weights_ratio"]
-
 
 
 def mha_param_count_reference(d_model: int, n_heads: int, bias: bool = True) -> int:
@@ -34,7 +34,16 @@ def check_mha_param_count(fn) -> CheckResult:
             Bug("the count depends on n_heads: H heads of width D = C / H share the same C x C projections",
                 lambda d, h, b: h * mha_param_count_reference(d, h, b)),
             Bug("the output projection is missing: there are four C x C matrices (q, k, v, out)",
-                lambda d, h, b: 3 * d * d + (3 * d if b else 0))]
+                lambda d, h, b: 3 * d * d + (3 * d if b else 0)),
+            Bug("you counted one head's slices (C x D each): the H slices of a projection together make one "
+                "C x C matrix, so the heads share 4 C x C weights",
+                lambda d, h, b: 4 * d * (d // h) + (4 * d if b else 0)),
+            Bug("each bias is a vector of d_model numbers, one per output feature, not a single number",
+                lambda d, h, b: 4 * d * d + (4 if b else 0)),
+            Bug("only one bias vector: each of the four projections has its own bias of d_model numbers",
+                lambda d, h, b: 4 * d * d + (d if b else 0)),
+            Bug("the biases do not depend on n_heads: each projection has one bias of d_model numbers, "
+                "which the heads share out like its weights", lambda d, h, b: 4 * d * d + (4 * d * h if b else 0))]
 
     def formula_only(fn):  # "from the formula, without building it": no torch call at all
         used = torch_calls(fn, 64, 4, True)
@@ -71,7 +80,28 @@ def check_split_qkv(fn) -> CheckResult:
         qkv = F.linear(x, w, b).view(B, T, h, 3 * (C // h)).transpose(1, 2)  # (B, H, T, 3D)
         return tuple(qkv.chunk(3, dim=-1))
 
-    bugs = [Bug("q, k, v must be split off the last axis first ((B, T, 3C) -> 3 x (B, T, C)), then "
+    def permuted(order):
+        return lambda x, w, b, h: tuple(t.permute(*order) for t in split_qkv_reference(x, w, b, h))
+
+    def no_head_transpose(x, w, b, h):
+        B, T, C = x.shape
+        return tuple(t.view(B, T, h, C // h) for t in F.linear(x, w, b).split(C, dim=-1))
+
+    def head_width_first(x, w, b, h):  # view(B, T, D, H): H and D swapped
+        B, T, C = x.shape
+        return tuple(t.view(B, T, C // h, h).transpose(1, 2) for t in F.linear(x, w, b).split(C, -1))
+
+    orders = [(1, 0, 2), (1, 2, 0), (0, 2, 1), (2, 0, 1), (2, 1, 0)]  # every wrong order of (q, k, v)
+    bugs = [Bug("the head axis must come before time: after view(B, T, H, D), transpose(1, 2) gives (B, H, T, D)",
+                no_head_transpose),
+            Bug("each result is (B, H, D, T): the last two axes are swapped; return (B, H, T, D)",
+                permuted((0, 1, 3, 2))),
+            Bug("H and D are swapped: view each third as (B, T, H, D), so that each head owns D consecutive "
+                "features", head_width_first),
+            *[Bug("q, k and v come out in the wrong order: the stacked weight holds W_Q, then W_K, then W_V, so "
+                  "the first third of the projection is q", lambda x, w, b, h, o=o: tuple(
+                      split_qkv_reference(x, w, b, h)[i] for i in o)) for o in orders],
+            Bug("q, k, v must be split off the last axis first ((B, T, 3C) -> 3 x (B, T, C)), then "
                 "viewed as (B, T, H, D) and transposed; reshaping straight to (B, H, T, D) mixes tokens",
                 no_transpose),
             Bug("the bias is missing: project with F.linear(x, in_proj_weight, in_proj_bias)",
@@ -106,8 +136,23 @@ def check_grouped_query_attention(fn) -> CheckResult:
         H, G = q.shape[1], k.shape[1]
         return scaled_dot_product_attention(q, k.repeat(1, H // G, 1, 1), v.repeat(1, H // G, 1, 1))[0]
 
-    bugs = [Bug("heads are matched to groups as h % G (repeat): query head h uses group h // (H / G), "
-                "so consecutive heads share a group (repeat_interleave)", tiled),
+    def gqa(q, k, v, scale=None, dim=-1, weights=False):
+        r = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)  # (B, H, S, D)
+        scores = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale is None else scale)  # (B, H, T, S)
+        w = scores.softmax(dim=dim)
+        return w if weights else w @ v
+
+    bugs = [Bug("the scores are not scaled: divide q @ k^T by sqrt(D) before the softmax", lambda q, k, v: gqa(
+                q, k, v, scale=1.0)),
+            Bug("the softmax runs over the queries (dim -2): each query's weights over the keys must sum to 1, "
+                "softmax(dim=-1)", lambda q, k, v: gqa(q, k, v, dim=-2)),
+            Bug("you returned the attention weights (B, H, T, S); return the output, weights @ v, (B, H, T, D)",
+                lambda q, k, v: gqa(q, k, v, weights=True)),
+            Bug("keys and values are swapped: the scores compare q with k, and the output averages v",
+                lambda q, k, v: gqa(q, v, k)),
+            Bug("heads are matched to groups as h % G (repeat): query head h (counting from 0) uses group "
+                "h // (H / G), so consecutive heads share a group (repeat_interleave)", tiled),
             Bug("every query head uses key/value group 0: repeat each of the G groups H / G times "
                 "(repeat_interleave), do not broadcast the first one",
                 lambda q, k, v: scaled_dot_product_attention(q, k[:, :1], v[:, :1])[0]),
@@ -146,7 +191,20 @@ def check_pattern_mass(fn) -> CheckResult:
             Bug("that is a sum over the queries and the batch: average them (mean), so a perfect head scores 1",
                 lambda w, p: (w * p).sum(dim=-1)[..., p.any(dim=-1)].sum(dim=(0, 2))),
             Bug("the mass is averaged over the keys: sum it over the keys of the pattern (dim -1), then average "
-                "over queries and batch", lambda w, p: (w * p).mean(dim=-1)[..., p.any(dim=-1)].mean(dim=(0, 2)))]
+                "over queries and batch", lambda w, p: (w * p).mean(dim=-1)[..., p.any(dim=-1)].mean(dim=(0, 2))),
+            Bug("that is the mass OFF the pattern: multiply the weights by the pattern (True where the head "
+                "should look), not by its negation",
+                lambda w, p: (w * ~p).sum(dim=-1)[..., p.any(dim=-1)].mean(dim=(0, 2))),
+            Bug("the pattern is transposed: it is (T, S), row t for query t, column s for key s, the same layout "
+                "as the last two axes of the weights", lambda w, p: (w * p.T).sum(dim=-1)[..., p.any(dim=-1)].mean(
+                    dim=(0, 2))),
+            Bug("average over the queries too: you return one number per head and query, (H, T'); the answer "
+                "is one per head, (H,)", lambda w, p: (w * p).sum(dim=-1)[..., p.any(dim=-1)].mean(dim=0)),
+            Bug("that is one number for all heads: return one per head, averaged over batch and queries "
+                "(dim=(0, 2))", lambda w, p: (w * p).sum(dim=-1)[..., p.any(dim=-1)].mean()),
+            Bug("the mass is divided by the number of keys in the pattern: it is the plain sum of the weights "
+                "on the pattern, so a head that looks only there scores 1", lambda w, p: ((w * p).sum(dim=-1)
+                / p.sum(dim=-1).clamp_min(1))[..., p.any(dim=-1)].mean(dim=(0, 2)))]
     return check("pattern_mass", fn, pattern_mass_reference, cases, bugs=bugs)
 
 
@@ -167,5 +225,10 @@ def check_predict_weights_ratio(predicted) -> CheckResult:
     The nearest plausible wrong answers are 1 (the parameters and the arithmetic do not change with H)
     and 1/8; a margin of 0.5 tells each apart from 8.
     """
-    return check_prediction("predict_weights_ratio", predicted, _weights_ratio,
-                            "ratio of attention-weight counts (8 heads / 1 head)", abs_tol=0.5)
+    slips = ((1.0, "the parameters and the multiplications do not change with H, but the weights do: every "
+                   "head has its own (T, T) matrix of weights, so 8 heads hold 8 times as many"),
+             (1 / 8, "upside down: the 8-head module holds 8 (T, T) matrices per sequence, the 1-head module one"),
+             (64.0, "64 is C, the width; the weights do not depend on the width: (B, H, T, T) for H = 8 and H = 1"))
+    return check_prediction_with_slips(
+        "predict_weights_ratio", predicted, _weights_ratio, "ratio of attention-weight counts (8 heads / 1 head)",
+        abs_tol=0.5, slips=slips, hint="the weights have shape (B, H, T, T): count them for H = 8 and for H = 1")

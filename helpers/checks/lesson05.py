@@ -6,7 +6,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
-from helpers.checks._core import Bug, Case, CheckResult, Reject, check, check_prediction, describe, torch_calls
+from helpers.checks._core import Bug, Case, CheckResult, Reject, check, describe, torch_calls
+from helpers.checks._slips import check_prediction_with_slips
 from helpers.masks import causal_mask, padding_mask, padding_mask_from_ids
 
 __all__ = ["check_causal_mask", "check_padding_mask", "check_masked_attention", "check_mha_masks",
@@ -34,6 +35,16 @@ def check_causal_mask(fn) -> CheckResult:
          lambda T, S: torch.ones(T, S, dtype=torch.bool).triu(diagonal=S - T)),
         Bug("the diagonal is missing: a query may attend to its own position",
          lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T - 1)),
+        Bug("the diagonal offset has the wrong sign: query t stands at position t + S - T, so "
+            "tril(diagonal=S - T), not T - S", lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(diagonal=T - S)),
+        Bug("one key too many: each query also sees the key just after its own position; use tril(diagonal=S - T)",
+         lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T + 1)),
+        Bug("the mask is (S, T): rows are the T queries and columns the S keys, so build it (T, S)",
+         lambda T, S: torch.ones(S, T, dtype=torch.bool).tril(diagonal=S - T)),
+        Bug("that is a float mask of 0 and -inf (to add to the scores); return the boolean mask, True = may attend",
+         lambda T, S: torch.zeros(T, S).masked_fill(~_causal(T, S), float("-inf"))),
+        Bug("that is a float mask of 1 and 0; return a boolean mask (dtype torch.bool), True = may attend",
+         lambda T, S: _causal(T, S).float()),
     ]
     return check("causal_mask", fn, _causal, cases, bugs=bugs)
 
@@ -60,6 +71,15 @@ def check_padding_mask(fn) -> CheckResult:
         Bug("the mask comes from the first pad onwards: mark each position by its own id, ids != pad_id "
             "(left-padded rows start with pads)",
          lambda ids, pad_id: (torch.cumsum(ids == pad_id, dim=-1) == 0)[:, None, None, :]),
+        Bug("shape (B, 1, S): add one more axis, (B, 1, 1, S), one for the heads and one for the queries",
+         lambda ids, pad_id: (ids != pad_id)[:, None, :]),
+        Bug("ids > pad_id assumes the pad has the smallest id: compare with ids != pad_id",
+         lambda ids, pad_id: (ids > pad_id)[:, None, None, :]),
+        Bug("that counts the real tokens and keeps the first ones, which holds for right padding only: mark each "
+            "position by its own id, ids != pad_id (left-padded rows start with pads)",
+         lambda ids, pad_id: (torch.arange(ids.shape[1]) < (ids != pad_id).sum(-1, keepdim=True))[:, None, None, :]),
+        Bug("that is a float mask; return a boolean mask (dtype torch.bool), True = a real token",
+         lambda ids, pad_id: (ids != pad_id)[:, None, None, :].float()),
     ]
     return check("padding_mask", fn, padding_mask_from_ids, cases, bugs=bugs)
 
@@ -108,19 +128,54 @@ class _HugeNegativeExp(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+class _InfExp(TorchFunctionMode):
+    """Record whether an exponential returned +inf (a blocked score far above the allowed maximum)."""
+
+    def __init__(self):
+        super().__init__()
+        self.overflowed = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if getattr(func, "__name__", "") in ("exp", "exp_") and isinstance(out, torch.Tensor) \
+                and out.is_floating_point() and torch.isposinf(out).any():
+            self.overflowed = True
+        return out
+
+
+def _exp_overflows(fn) -> bool:
+    """Does ``fn`` compute an exp that overflows to inf on the cases with blocked scores?"""
+    mode = _InfExp()
+    for case in _attention_cases()[2:]:
+        try:
+            with mode:
+                fn(*case.args)
+        except Exception:  # the check itself reports what the function raises
+            pass
+    return mode.overflowed
+
+
 def check_masked_attention(fn) -> CheckResult:
     """Check ``masked_attention(q, k, v, mask) -> (out, weights)``, True = may attend, no NaN (lesson 05)."""
-    def by_hand(q, k, v, mask, max_over="allowed", guard=True, renormalise=True):
-        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # (..., T, S)
+    def by_hand(q, k, v, mask, max_over="allowed", guard=True, renormalise=True, zero="where", scale=None,
+                dim=-1):
+        scores = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale is None else scale)  # (..., T, S)
         mask = mask.expand_as(scores)
         top = torch.where(mask, scores, torch.finfo(scores.dtype).min) if max_over == "allowed" else scores
-        e = torch.where(mask, torch.exp(scores - top.amax(-1, keepdim=True)), 0.0)
-        w = e / (e.sum(-1, keepdim=True).clamp_min(1e-30) if guard else e.sum(-1, keepdim=True)) \
+        e = torch.exp(scores - top.amax(dim, keepdim=True))  # (..., T, S)
+        e = torch.where(mask, e, 0.0) if zero == "where" else e * mask  # e * mask: inf * 0 = NaN
+        w = e / (e.sum(dim, keepdim=True).clamp_min(1e-30) if guard else e.sum(dim, keepdim=True)) \
             if renormalise else torch.softmax(scores, -1) * mask
         return w @ v, w
 
     bugs = [Bug("polarity flipped: True in the mask must mean 'may attend'",
               lambda q, k, v, mask: scaled_dot_product_attention(q, k, v, ~mask)),
+            Bug("the scores are not scaled: divide q @ k^T by sqrt(D) before the softmax",
+                lambda q, k, v, mask: by_hand(q, k, v, mask, scale=1.0)),
+            Bug("the scores are divided by D; divide them by sqrt(D)",
+                lambda q, k, v, mask: by_hand(q, k, v, mask, scale=1 / q.shape[-1])),
+            Bug("the weights are normalised over the queries (dim -2): each query's row of weights over the keys "
+                "must sum to 1 (dim -1)", lambda q, k, v, mask: by_hand(q, k, v, mask, dim=-2)),
             Bug("a fully masked row gives 0 / 0 = NaN when you renormalise: divide only where the row sum is "
                 "above 0 (such a row's weights and output are 0)",
                 lambda q, k, v, mask: by_hand(q, k, v, mask, guard=False)),
@@ -133,6 +188,15 @@ def check_masked_attention(fn) -> CheckResult:
                 lambda q, k, v, mask: by_hand(q, k, v, mask, max_over="all")),
             Bug("the rows are not renormalised: after zeroing the blocked weights, divide each row by its new sum",
                 lambda q, k, v, mask: by_hand(q, k, v, mask, renormalise=False))]
+    # An exp that overflows to inf, then times 0, gives the same NaN as an allowed exp that underflows, then
+    # 0 / 0: which one happened is read from the learner's own exps, and its bugs are tried first.
+    overflow = [
+        Bug("exp(score - max) overflows to inf where a blocked score lies far above the allowed maximum (and in "
+            "a fully masked row, whose allowed maximum is -inf or the lowest float), and multiplying by the mask gives "
+            "inf * 0 = NaN; zero the blocked entries with torch.where instead of multiplying by the mask",
+            lambda q, k, v, mask: by_hand(q, k, v, mask, zero="multiply")),
+    ]
+    bugs = overflow + bugs if _exp_overflows(fn) else bugs + overflow
 
     def way_2(fn):  # the exercise asks for way 2: softmax, zero the blocked weights, renormalise
         case = _attention_cases()[2]
@@ -179,6 +243,13 @@ def check_mha_masks(fn) -> CheckResult:
          lambda c, p: (~c, ~p)),
         Bug("the two masks are swapped: return (attn_mask, key_padding_mask)",
          lambda c, p: _to_torch(c, p)[::-1]),
+        Bug("key_padding_mask must be (B, S): padding[:, 0] still has a query axis; take padding[:, 0, 0, :]",
+         lambda c, p: (~c, ~p[:, 0])),
+        Bug("those are float masks of 0 and -inf: nn.MultiheadAttention accepts them, but the exercise asks for "
+            "boolean masks, True = blocked (~mask)", lambda c, p: tuple(
+                torch.zeros(m.shape).masked_fill(m, float("-inf")) for m in _to_torch(c, p))),
+        Bug("the causal mask is transposed: keep it (T, S), row t for query t, and only invert it",
+         lambda c, p: (~c.T, ~p[:, 0, 0, :])),
     ]
     return check("mha_masks", fn, _to_torch, cases, bugs=bugs)
 
@@ -252,7 +323,14 @@ def check_leaks_future(fn) -> CheckResult:
                 return True
         return False
 
-    bugs = [Bug("your detector misses a leak from an input before the last one: for every t, change "
+    bugs = [Bug("your detector says True for every function, even attention with a causal mask, which cannot "
+                "leak: for each t, change only the inputs AFTER t (output t may read input t) and compare only "
+                "outputs 0..t (later outputs may read the changed inputs)", lambda f, x: True),
+            Bug("your detector says False for every function, even attention without a mask: for each t, change "
+                "the inputs after t, and return True as soon as one of outputs 0..t moves", lambda f, x: False),
+            Bug("your answer is inverted: return True when some output DOES change (a leak), False when none does",
+                lambda f, x: not _leaks(f, x)),
+            Bug("your detector misses a leak from an input before the last one: for every t, change "
                 "all inputs after t and compare outputs 0..t", last_input_only),
             Bug("your detector compares only output 0: a leak into a later output (output 1 reading input 3) "
                 "goes unseen; for every t, change the inputs after t and compare outputs 0..t", first_output_only),
@@ -280,5 +358,13 @@ def check_predict_causal_fraction(predicted) -> CheckResult:
     At T = 10 the diagonal is worth 0.05: the right count (0.55) is told apart from "half" (0.5)
     and from the triangle without its diagonal (0.45).
     """
-    return check_prediction("predict_causal_fraction", predicted, _causal_fraction,
-                            "fraction of pairs kept", abs_tol=0.02)
+    slips = ((0.45, "0.45 leaves out the diagonal: query t may attend to its own position, so row t keeps t + 1 "
+                    "keys, 1 + 2 + ... + 10 = 55 of the 100 pairs"),
+             (0.5, "not quite half: the triangle below the diagonal is 45 of the 100 pairs, and the diagonal "
+                   "adds 10 more (each query sees itself)"),
+             (55.0, "that is the number of pairs kept; the exercise asks for the fraction, pairs kept / T^2"),
+             (45.0, "that is a count, and it leaves out the diagonal: 55 of the 100 pairs are kept, a fraction of "
+                    "pairs kept / T^2"))
+    return check_prediction_with_slips(
+        "predict_causal_fraction", predicted, _causal_fraction, "fraction of pairs kept", abs_tol=0.02, slips=slips,
+        hint="count the keys of each row: query t keeps keys 0..t, that is t + 1 of them, out of T = 10")

@@ -37,6 +37,25 @@ def check_rms_norm(fn) -> CheckResult:
                 x.pow(2).mean(0, keepdim=True) + eps)),
         Bug("eps goes inside the square root, sqrt(mean(x^2) + eps), not added to the root",
             lambda x, gain, eps=1e-6: gain * x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps)),
+        *[Bug("that divides by the L2 norm, sqrt(sum(x^2)); the root mean square averages the squares, "
+              "sqrt(mean(x^2) + eps), which is the L2 norm / sqrt(C)", l2) for l2 in (
+            lambda x, gain, eps=1e-6: gain * x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + eps),
+            lambda x, gain, eps=1e-6: gain * x / x.norm(dim=-1, keepdim=True),
+            lambda x, gain, eps=1e-6: gain * x / (x.norm(dim=-1, keepdim=True) + eps))],
+        Bug("the gain is missing: multiply the normalised x by gain, one factor per feature",
+            lambda x, gain, eps=1e-6: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)),
+        Bug("the gain multiplies the normalised x; you added it", lambda x, gain, eps=1e-6: gain + x / torch.sqrt(
+            x.pow(2).mean(-1, keepdim=True) + eps)),
+        Bug("eps is missing: sqrt(mean(x^2) + eps) (it keeps an all-zero row from dividing by 0)",
+            lambda x, gain, eps=1e-6: gain * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True))),
+        Bug("the square root is missing: divide by sqrt(mean(x^2) + eps), the ROOT mean square",
+            lambda x, gain, eps=1e-6: gain * x / (x.pow(2).mean(-1, keepdim=True) + eps)),
+        Bug("x.var() subtracts the mean before squaring (and divides by C - 1): RMSNorm uses the plain mean of "
+            "the squares, x.pow(2).mean(-1, keepdim=True)",
+            lambda x, gain, eps=1e-6: gain * x / torch.sqrt(x.var(-1, keepdim=True) + eps)),
+        Bug("x.var() subtracts the mean before squaring: RMSNorm uses the plain mean of the squares, "
+            "x.pow(2).mean(-1, keepdim=True)",
+            lambda x, gain, eps=1e-6: gain * x / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + eps)),
     ]
     return check("rms_norm", fn, _rms_norm, cases, bugs=bugs)
 
@@ -64,7 +83,13 @@ def check_feed_forward_gelu(fn) -> CheckResult:
             Bug("the GELU is applied after the second layer; it belongs between the two layers",
             lambda x, w1, b1, w2, b2: F.gelu((x @ w1.T + b1) @ w2.T + b2)),
             Bug("you used the tanh approximation of GELU; use the exact one, F.gelu(h) (approximate='none')",
-            lambda x, w1, b1, w2, b2: F.gelu(x @ w1.T + b1, approximate="tanh") @ w2.T + b2)]
+            lambda x, w1, b1, w2, b2: F.gelu(x @ w1.T + b1, approximate="tanh") @ w2.T + b2),
+            Bug("the first bias is missing: GELU(x W1^T + b1)", lambda x, w1, b1, w2, b2: F.gelu(x @ w1.T) @ w2.T + b2),
+            Bug("the second bias is missing: ... @ w2.T + b2", lambda x, w1, b1, w2, b2: F.gelu(x @ w1.T + b1) @ w2.T),
+            Bug("you added the residual x: the block adds it, the feed-forward network returns only its own output",
+            lambda x, w1, b1, w2, b2: x + F.gelu(x @ w1.T + b1) @ w2.T + b2),
+            Bug("you used SiLU; the exercise asks for GELU (F.gelu)",
+            lambda x, w1, b1, w2, b2: F.silu(x @ w1.T + b1) @ w2.T + b2)]
     return check("feed_forward_gelu", fn, _feed_forward_gelu, cases, bugs=bugs)
 
 
@@ -93,14 +118,23 @@ def check_deepnorm_sublayer(fn) -> CheckResult:
             Bug("alpha is ignored: this is plain Post-LN, norm(x + sublayer(x))",
             lambda x, sublayer, norm, alpha: norm(x + sublayer(x))),
             Bug("the LayerNorm is inside the branch (Pre-LN style); DeepNorm is Post-LN: norm after the sum",
-            lambda x, sublayer, norm, alpha: alpha * x + sublayer(norm(x)))]
+            lambda x, sublayer, norm, alpha: alpha * x + sublayer(norm(x))),
+            Bug("the LayerNorm comes after the sum: norm(alpha * x + sublayer(x)), not norm(alpha * x) + sublayer(x)",
+            lambda x, sublayer, norm, alpha: norm(alpha * x) + sublayer(x)),
+            Bug("alpha scales the residual x, not the sub-layer's input: norm(alpha * x + sublayer(x))",
+            lambda x, sublayer, norm, alpha: norm(x + sublayer(alpha * x))),
+            Bug("there is no second residual around the norm: DeepNorm returns norm(alpha * x + sublayer(x))",
+            lambda x, sublayer, norm, alpha: x + norm(alpha * x + sublayer(x))),
+            Bug("alpha multiplies x inside the norm, not the normalised output: norm(alpha * x + sublayer(x))",
+            lambda x, sublayer, norm, alpha: alpha * norm(x + sublayer(x)))]
     with torch.no_grad():
         return check("deepnorm_sublayer", fn, _deepnorm, cases, bugs=bugs)
 
 
 # --- 4. RoPE inside multi-head attention ---------------------------------------------------------
 
-def _rope_attention(x, mha, rotate=(True, True, False), before_split=False, project_out=True):
+def _rope_attention(x, mha, rotate=(True, True, False), before_split=False, project_out=True, scale=None,
+                    causal=False, merge_transpose=True, softmax_dim=-1):
     """Self-attention of ``mha`` with RoPE on each head's queries and keys; the keywords reproduce slips."""
     B, T, C = x.shape
     H, D = mha.n_heads, C // mha.n_heads
@@ -115,7 +149,11 @@ def _rope_attention(x, mha, rotate=(True, True, False), before_split=False, proj
     else:
         q, k, v = (apply_rotary(split(t)) if r else split(t)
                    for t, r in zip(projected, rotate, strict=True))  # (B, H, T, D), rotated by position
-    out = scaled_dot_product_attention(q, k, v)[0].transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
+    scores = q @ k.transpose(-2, -1) * (D ** -0.5 if scale is None else scale)  # (B, H, T, T)
+    if causal:
+        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    out = scores.softmax(dim=softmax_dim) @ v  # (B, H, T, D)
+    out = out.transpose(1, 2).reshape(B, T, C) if merge_transpose else out.reshape(B, T, C)  # -> (B, T, C)
     return mha.w_o(out) if project_out else out
 
 
@@ -157,6 +195,16 @@ def check_rope_attention(fn) -> CheckResult:
                 lambda x, m: _rope_attention(x, m, before_split=True)),
             Bug("the output projection is missing: finish with mha.w_o after merging the heads",
                 lambda x, m: _rope_attention(x, m, project_out=False)),
+            Bug("the scores are not scaled: divide q @ k^T by sqrt(D), the head width, before the softmax",
+                lambda x, m: _rope_attention(x, m, scale=1.0)),
+            Bug("the scale uses the model width: divide the scores by sqrt(D), the head width D = C / H, "
+                "not by sqrt(C)", lambda x, m: _rope_attention(x, m, scale=x.shape[-1] ** -0.5)),
+            Bug("you added a causal mask: this exercise is full self-attention, every query sees every key",
+                lambda x, m: _rope_attention(x, m, causal=True)),
+            Bug("merging the heads needs transpose(1, 2) before reshape(B, T, C): a plain reshape of "
+                "(B, H, T, D) mixes tokens", lambda x, m: _rope_attention(x, m, merge_transpose=False)),
+            Bug("the softmax runs over the queries (dim -2): each query's weights over the keys must sum to 1",
+                lambda x, m: _rope_attention(x, m, softmax_dim=-2)),
             Bug("that pairs feature i with i + D/2 (exercise 3 of lesson 06); apply_rotary pairs "
                 "features (2i, 2i + 1): use apply_rotary", _half_split_rope)]
     with torch.no_grad():
@@ -194,5 +242,11 @@ def check_swiglu(fn) -> CheckResult:
             Bug("the up branch is missing: SwiGLU multiplies F.silu(x W_gate^T) by x W_up^T before w_down",
                 lambda x, a, b, c: F.silu(x @ a.T) @ c.T),
             Bug("SiLU is applied after the product: gate first, F.silu(x W_gate^T), then multiply by x W_up^T",
-                lambda x, a, b, c: F.silu((x @ a.T) * (x @ b.T)) @ c.T)]
+                lambda x, a, b, c: F.silu((x @ a.T) * (x @ b.T)) @ c.T),
+            Bug("you used ReLU; SwiGLU gates with SiLU (F.silu), ReGLU with ReLU",
+                lambda x, a, b, c: _swiglu(x, a, b, c, act=F.relu)),
+            Bug("you added the residual x: the block adds it, the feed-forward network returns only its own output",
+                lambda x, a, b, c: x + _swiglu(x, a, b, c)),
+            Bug("the down-projection is missing: finish with @ w_down.T, back to (B, T, C)",
+                lambda x, a, b, c: F.silu(x @ a.T) * (x @ b.T))]
     return check("swiglu", fn, _swiglu, cases, bugs=bugs)

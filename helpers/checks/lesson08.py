@@ -28,7 +28,13 @@ def check_teacher_forcing(fn) -> CheckResult:
             Bug("the labels are not shifted: the decoder reads tgt[:, :-1] and must predict the NEXT token, "
                 "tgt[:, 1:]", lambda t: (t[:, :-1], t[:, :-1])),
             Bug("the input keeps </s> and drops <s>: the decoder starts from <s>, so its input is tgt[:, :-1]",
-                lambda t: (t[:, 1:], t[:, 1:]))]
+                lambda t: (t[:, 1:], t[:, 1:])),
+            Bug("you sliced the batch axis (tgt[:-1]): slice the time axis, tgt[:, :-1] and tgt[:, 1:]",
+                lambda t: (t[:-1], t[1:])),
+            Bug("the labels must have T tokens, one per decoder input: cut the first, tgt[:, 1:]",
+                lambda t: (t[:, :-1], t)),
+            Bug("both are shifted one step too far: the decoder input starts with <s>, tgt[:, :-1], and the labels "
+                "are the next tokens, tgt[:, 1:]", lambda t: (t[:, 1:-1], t[:, 2:]))]
     return check("teacher_forcing", fn, _teacher_forcing, cases, bugs=bugs)
 
 
@@ -61,17 +67,28 @@ def check_decoder_self_mask(fn) -> CheckResult:
                 lambda t, p: torch.ones(t.shape[1], t.shape[1], dtype=torch.bool).tril(-1)
                 & (t != p)[:, None, None, :]),
             Bug("the mask is (B, T, T): add the head axis, (B, 1, T, T), so that it broadcasts over the heads",
-                lambda t, p: _decoder_self_mask(t, p)[:, 0])]
+                lambda t, p: _decoder_self_mask(t, p)[:, 0]),
+            Bug("the padding is missing: pads must also be hidden as keys, causal & (tgt != pad_id)[:, None, None, :]",
+                lambda t, p: torch.ones(t.shape[1], t.shape[1], dtype=torch.bool).tril()[None, None]),
+            Bug("you hid the pads as queries (rows) as well as keys: hide them as keys (columns) only, with "
+                "(tgt != pad_id)[:, None, None, :]. A pad's own row must still see the real tokens before it, "
+                "or it is fully masked",
+                lambda t, p: _decoder_self_mask(t, p) & (t != p)[:, None, :, None]),
+            Bug("the padding part is flipped: tgt != pad_id is True for real tokens, which may be attended to",
+                lambda t, p: torch.ones(t.shape[1], t.shape[1], dtype=torch.bool).tril() & (t == p)[:, None, None, :]),
+            Bug("you compare with 0 whatever pad_id is: use tgt != pad_id",
+                lambda t, p: _decoder_self_mask(t, 0))]
     return check("decoder_self_mask", fn, _decoder_self_mask, cases, bugs=bugs)
 
 
-def _greedy_step(logits, ys, finished, eos_id, pad_id, pad_finished=True, keep_finished=True, prepend=False):
+def _greedy_step(logits, ys, finished, eos_id, pad_id, pad_finished=True, keep_finished=True, prepend=False,
+                 fill=None, previous=False):
     """One step of batched greedy decoding; the keywords reproduce typical slips when changed."""
     best = logits.argmax(dim=-1)  # (B, V) -> (B,)
-    if pad_finished:
-        best = torch.where(finished, torch.full_like(best, pad_id), best)  # a finished sequence only grows pads
+    if pad_finished:  # a finished sequence only grows pads
+        best = torch.where(finished, torch.full_like(best, pad_id if fill is None else fill), best)
     parts = (best[:, None], ys) if prepend else (ys, best[:, None])
-    done = best == eos_id
+    done = (ys[:, -1] if previous else best) == eos_id
     return torch.cat(parts, dim=1), (finished | done) if keep_finished else done  # (B, t + 1), (B,)
 
 
@@ -95,7 +112,11 @@ def check_greedy_step(fn) -> CheckResult:
             Bug("finished is returned unchanged: a row whose new token is eos_id has finished",
                 lambda lg, ys, f, e, p: (_greedy_step(lg, ys, f, e, p)[0], f)),
             Bug("the new token goes at the end of ys, torch.cat((ys, best[:, None]), dim=1), not in front",
-                lambda lg, ys, f, e, p: _greedy_step(lg, ys, f, e, p, prepend=True))]
+                lambda lg, ys, f, e, p: _greedy_step(lg, ys, f, e, p, prepend=True)),
+            Bug("a finished row grows pad_id, not eos_id: torch.where(finished, pad_id, best)",
+                lambda lg, ys, f, e, p: _greedy_step(lg, ys, f, e, p, fill=e)),
+            Bug("finished must come from the NEW token: finished | (best == eos_id); you looked at the last token "
+                "of ys", lambda lg, ys, f, e, p: _greedy_step(lg, ys, f, e, p, previous=True))]
 
     def order_first(got, expected):
         if isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got) \
@@ -127,7 +148,13 @@ def check_length_normalised_score(fn) -> CheckResult:
             Bug("operator precedence: log_prob / (5 + length) / 6 ** alpha divides twice; write "
                 "log_prob / ((5 + length) / 6) ** alpha", lambda lp, n, a: lp / (5 + n) / 6 ** a),
             Bug("the constant is 5 + length, not 1 + length: ((5 + length) / 6) ** alpha",
-                lambda lp, n, a: lp / ((1 + n) / 6) ** a)]
+                lambda lp, n, a: lp / ((1 + n) / 6) ** a),
+            Bug("alpha is missing: the penalty is ((5 + length) / 6) ** alpha", lambda lp, n, a: lp / ((5 + n) / 6)),
+            Bug("operator precedence: (5 + length) ** alpha / 6 raises only 5 + length to alpha; bracket the "
+                "fraction, ((5 + length) / 6) ** alpha", lambda lp, n, a: lp / ((5 + n) ** a / 6)),
+            Bug("you returned the penalty itself; the score is log_prob divided by it",
+                lambda lp, n, a: ((5 + n) / 6) ** a),
+            Bug("the penalty divides the log-probability; you subtracted it", lambda lp, n, a: lp - ((5 + n) / 6) ** a)]
     # rtol 1e-5: an answer computed in float32 (a tensor made from the Python float) passes, and a value
     # it rejects differs from the reference in the 6 significant digits that the message prints.
     return check("length_normalised_score", fn, _length_normalised_score, cases, bugs=bugs, atol=1e-9, rtol=1e-5)
@@ -152,6 +179,15 @@ def _smoothed_by_hand(logits, labels, eps, pad_id, others=False, skip_pads=True,
     return loss[real].mean()
 
 
+def _smoothed_kl(logits, labels, eps, pad_id):
+    """KL(target || softmax(logits)) over the real positions, the mean of its per-position sums."""
+    V = logits.shape[-1]
+    target = torch.full_like(logits, eps / V)  # (B, T, V)
+    target.scatter_(-1, labels[..., None], 1 - eps + eps / V)
+    kl = F.kl_div(torch.log_softmax(logits, dim=-1), target, reduction="none").sum(dim=-1)  # (B, T)
+    return kl[labels != pad_id].mean()
+
+
 def check_label_smoothed_loss(fn) -> CheckResult:
     """Check ``label_smoothed_loss(logits (B, T, V), labels (B, T), eps, pad_id)``, pads ignored (lesson 08)."""
     g = torch.Generator().manual_seed(12)
@@ -171,7 +207,14 @@ def check_label_smoothed_loss(fn) -> CheckResult:
                 lambda lg, lb, e, p: _smoothed_loss(lg, lb, 0.0, p)),
             Bug("that averages each sentence's mean loss; average over all real positions together, as "
                 "cross_entropy(ignore_index=pad_id) does", lambda lg, lb, e, p: _smoothed_by_hand(lg, lb, e, p,
-                                                                                          per_row=True))]
+                                                                                          per_row=True)),
+            Bug("that is the sum over the real positions: average it (reduction='mean', the default)",
+                lambda lg, lb, e, p: _smoothed_loss(lg, lb, e, p) * (lb != p).sum()),
+            Bug("you ignore id 0 whatever pad_id is: ignore_index=pad_id",
+                lambda lg, lb, e, p: _smoothed_loss(lg, lb, e, 0)),
+            Bug("that is the KL divergence to the smoothed target (the Annotated Transformer's KLDivLoss): it is the "
+                "cross-entropy minus the target's entropy, a constant; the exercise asks for the cross-entropy, as "
+                "label_smoothing=eps computes", _smoothed_kl)]
 
     def as_tensor(got, expected):
         if isinstance(got, float) and not isinstance(got, bool):

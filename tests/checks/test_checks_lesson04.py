@@ -115,7 +115,7 @@ def test_check_split_qkv(capsys):
         q, k, v = right(x, w, b, n_heads)
         return q, v, k
     assert not check_split_qkv(k_and_v_swapped)
-    assert "result 1: values differ" in capsys.readouterr().out
+    assert "q, k and v come out in the wrong order" in capsys.readouterr().out
 
 
 def test_check_grouped_query_attention(capsys):
@@ -187,3 +187,10 @@ def test_predict_weights_ratio(verdict):
     assert ok and line.startswith("✓ predict_weights_ratio: you predicted 8; the measured")
     assert not verdict(check_predict_weights_ratio, 1)[0]  # "the same, like the parameters"
     assert not verdict(check_predict_weights_ratio, 1 / 8)[0]
+
+
+def test_predict_weights_ratio_names_the_classic_slips(verdict):
+    for wrong, words in [(1, "every head has its own (T, T) matrix"), (1 / 8, "upside down"), (64, "64 is C"),
+                         (3, "count them for H = 8 and for H = 1")]:
+        ok, line = verdict(check_predict_weights_ratio, wrong)
+        assert not ok and words in line, line

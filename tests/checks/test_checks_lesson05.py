@@ -215,3 +215,23 @@ def test_masked_attention_finite_fill(accepts, rejects):
         w = e / e.sum(-1, keepdim=True).clamp_min(1e-30)
         return w @ v, w
     accepts(check_masked_attention, masked_fill_after_exp)
+
+
+def test_predict_causal_fraction_names_the_classic_slips(verdict):
+    for wrong, words in [(0.45, "leaves out the diagonal"), (0.5, "not quite half"), (55, "number of pairs kept"),
+                         (0.3, "count the keys of each row")]:
+        ok, line = verdict(check_predict_causal_fraction, wrong)
+        assert not ok and words in line, line
+    assert verdict(check_predict_causal_fraction, 0.55)[0]
+    assert verdict(check_predict_causal_fraction, 11 / 20)[0]
+
+
+def test_masked_attention_overflow_is_not_called_an_underflow(rejects):
+    def times_mask(q, k, v, mask):  # the max over the allowed scores, but every exp, then * mask
+        s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        m = mask.expand_as(s)
+        e = torch.exp(s - s.masked_fill(~m, float("-inf")).amax(-1, keepdim=True)) * m
+        w = e / e.sum(-1, keepdim=True)
+        return w @ v, w
+    line = rejects(check_masked_attention, times_mask, "inf * 0 = NaN")
+    assert "your max includes the blocked scores" not in line

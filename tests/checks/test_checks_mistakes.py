@@ -477,6 +477,8 @@ mistakes("check_grouped_query_attention", [_gqa, _gqa_grouped], [
     (lambda q, k, v: scaled_dot_product_attention(q, k[:, :1], v[:, :1])[0], "uses key/value group 0"),
     (lambda q, k, v: scaled_dot_product_attention(q, k.mean(1, keepdim=True), v.mean(1, keepdim=True))[0],
      "averaged into one"),
+    (lambda q, k, v: torch.softmax(q @ k.repeat_interleave(q.shape[1] // k.shape[1], 1).mT, -1)
+     @ v.repeat_interleave(q.shape[1] // k.shape[1], 1), "not scaled"),
 ])
 
 
@@ -524,8 +526,8 @@ mistakes("check_padding_mask", [
 ])
 
 
-def _way2(q, k, v, mask, max_over_allowed=True, guard=True, renormalise=True):
-    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+def _way2(q, k, v, mask, max_over_allowed=True, guard=True, renormalise=True, scale=None):
+    scores = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale is None else scale)
     mask = mask.expand_as(scores)
     top = torch.where(mask, scores, torch.finfo(scores.dtype).min) if max_over_allowed else scores
     e = torch.where(mask, torch.exp(scores - top.amax(-1, keepdim=True)), 0.0)
@@ -533,6 +535,14 @@ def _way2(q, k, v, mask, max_over_allowed=True, guard=True, renormalise=True):
         w = torch.softmax(scores, -1) * mask
     else:
         w = e / (e.sum(-1, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny) if guard else e.sum(-1, keepdim=True))
+    return w @ v, w
+
+
+def _way2_times_mask(q, k, v, mask):  # every exp, then * mask: a blocked exp of inf gives inf * 0 = NaN
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    mask = mask.expand_as(scores)
+    e = torch.exp(scores - scores.masked_fill(~mask, float("-inf")).amax(-1, keepdim=True)) * mask
+    w = e / e.sum(-1, keepdim=True).clamp_min(1e-30)
     return w @ v, w
 
 
@@ -553,6 +563,8 @@ mistakes("check_masked_attention", [_way2, _way2_where], [
     (lambda q, k, v, m: _way2(q, k, v, m, max_over_allowed=False), "your max includes the blocked scores"),
     (lambda q, k, v, m: _way2(q, k, v, m, renormalise=False), "not renormalised"),
     (lambda q, k, v, m: scaled_dot_product_attention(q, k, v, m), "passes -inf"),
+    (_way2_times_mask, "inf * 0 = NaN"),
+    (lambda q, k, v, m: _way2(q, k, v, m, scale=1.0), "not scaled"),
 ])
 
 mistakes("check_mha_masks", [
@@ -664,6 +676,10 @@ mistakes("check_distance_scores", [_distance, _distance_loop], [
     (lambda n, d: torch.sin((torch.arange(n)[:, None, None] - torch.arange(n)[None, :, None]).double()
                             * _omega(d)).sum(-1), "summed sines"),
     (lambda n, d: (lambda pe: pe @ pe.T)(checks.lesson06.sinusoidal_encoding(n, d)), "computes sines"),
+    (lambda n, d: torch.cos((torch.arange(n)[:, None, None] + torch.arange(n)[None, :, None]).double()
+                            * _omega(d)).sum(-1), "cos((p + q) w_i)"),
+    (lambda n, d: torch.cos((torch.arange(n)[:, None, None] - torch.arange(n)[None, :, None]).double()
+                            * _omega(d)).mean(-1), "the mean over the pairs"),
 ])
 
 
@@ -710,6 +726,9 @@ mistakes("check_rms_norm", [
         x.var(-1, keepdim=True, unbiased=False) + eps), "that is LayerNorm"),
     (lambda x, g, eps=1e-6: g * x / torch.sqrt(x.pow(2).mean(0, keepdim=True) + eps), "the wrong axis"),
     (lambda x, g, eps=1e-6: g * x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps), "inside the square root"),
+    (lambda x, g, eps=1e-6: g * x / x.norm(dim=-1, keepdim=True), "the L2 norm"),
+    (lambda x, g, eps=1e-6: g * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True)), "eps is missing"),
+    (lambda x, g, eps=1e-6: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps), "the gain is missing"),
 ])
 
 
@@ -772,6 +791,9 @@ mistakes("check_rope_attention", [_rope, _rope_complex], [
     (_rope_with(before_split=True), "before splitting the heads"),
     (_rope_with(project_out=False), "output projection is missing"),
     (checks.lesson07._half_split_rope, "pairs feature i with i + D/2"),
+    (lambda x, mha: checks.lesson07._rope_attention(x, mha, scale=1.0), "not scaled"),
+    (lambda x, mha: checks.lesson07._rope_attention(x, mha, scale=x.shape[-1] ** -0.5), "not by sqrt(C)"),
+    (lambda x, mha: checks.lesson07._rope_attention(x, mha, merge_transpose=False), "mixes tokens"),
 ])
 
 
@@ -883,6 +905,7 @@ mistakes("check_label_smoothed_loss", [_smoothed, _smoothed_by_hand], [
     (lambda lg, lb, e, p: checks.lesson08._smoothed_by_hand(lg, lb, e, p, others=True), "V - 1 wrong classes"),
     (lambda lg, lb, e, p: F.cross_entropy(lg.transpose(1, 2), lb, ignore_index=p), "eps is ignored"),
     (lambda lg, lb, e, p: checks.lesson08._smoothed_by_hand(lg, lb, e, p, per_row=True), "each sentence's mean"),
+    (checks.lesson08._smoothed_kl, "KL divergence"),
 ])
 
 
