@@ -304,6 +304,52 @@ def _accumulator_not_rescaled(q, k, v, block_q, block_k):
     return out
 
 
+def _tile_local_softmax(averaged: bool, nan_rows: bool):
+    """Skipping tiles, but each tile softmaxed on its own and the tiles' outputs added (or averaged).
+
+    ``nan_rows``: a query row that sees no key of a diagonal tile gives NaN (torch.softmax of all -inf), as a
+    learner's code would; otherwise such rows add 0.
+    """
+
+    def attend(q, k, v, block_q, block_k):
+        B, H, T, D = q.shape
+        out = torch.zeros_like(q)
+        for i0 in range(0, T, block_q):
+            i1 = min(i0 + block_q, T)
+            acc, tiles = torch.zeros_like(q[:, :, i0:i1]), 0
+            for j0 in range(0, i1, block_k):
+                j1 = min(j0 + block_k, T)
+                s = q[:, :, i0:i1] @ k[:, :, j0:j1].transpose(-2, -1) / math.sqrt(D)  # (B, H, bq, bk)
+                s = s.masked_fill(torch.arange(j0, j1)[None, :] > torch.arange(i0, i1)[:, None], float("-inf"))
+                p = torch.softmax(s, dim=-1)  # the bug: normalised over this tile's keys only
+                acc = acc + (p if nan_rows else p.nan_to_num(0.0)) @ v[:, :, j0:j1]
+                tiles += 1
+            out[:, :, i0:i1] = acc / tiles if averaged else acc
+        return out
+
+    return attend
+
+
+def _diagonal_tiles_unmasked(q, k, v, block_q, block_k):
+    """Skipping the tiles above the diagonal, right online softmax, but no mask on the tiles the diagonal crosses."""
+    B, H, T, D = q.shape
+    out = torch.empty_like(q)
+    for i0 in range(0, T, block_q):
+        i1 = min(i0 + block_q, T)
+        m = torch.full((B, H, i1 - i0, 1), float("-inf"), dtype=q.dtype)
+        total, acc = torch.zeros_like(m), torch.zeros_like(q[:, :, i0:i1])
+        for j0 in range(0, i1, block_k):
+            j1 = min(j0 + block_k, T)
+            s = q[:, :, i0:i1] @ k[:, :, j0:j1].transpose(-2, -1) / math.sqrt(D)  # the bug: no mask at all
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - m_new)
+            total = total * torch.exp(m - m_new) + p.sum(dim=-1, keepdim=True)
+            acc = acc * torch.exp(m - m_new) + p @ v[:, :, j0:j1]
+            m = m_new
+        out[:, :, i0:i1] = acc / total
+    return out
+
+
 def _holds_tiles_only(fn, args, output_bytes, what):
     """A reason if fn(*args) holds a (block_q, S) strip or more beyond its output, else None."""
     q, k = args[0], args[1]
@@ -360,7 +406,13 @@ def check_causal_flash_attention(fn) -> CheckResult:
                   _sees_only_the_past(first_row)) for first_row in (float("nan"), 0.0)),
             Bug("the scale is missing: the scores are q k^T / sqrt(D)", _unscaled_causal),
             Bug("the accumulator is not rescaled: when the maximum grows, multiply acc by e^(m - m') as well as "
-                "the running sum, before adding p @ v_j", _accumulator_not_rescaled)]
+                "the running sum, before adding p @ v_j", _accumulator_not_rescaled),
+            Bug("the tiles on the diagonal are not masked: there a query still sees the later keys of its own tile; "
+                "mask key j from query i when j > i in every tile the diagonal crosses", _diagonal_tiles_unmasked),
+            *(Bug("each tile is softmaxed on its own, so a row's weights do not add up to 1 over all its keys: keep "
+                  "a running maximum m and sum l across the key blocks, rescale acc and l by e^(m - m') when m "
+                  "grows, and divide by l once, at the end", _tile_local_softmax(averaged, nan_rows))
+              for averaged in (False, True) for nan_rows in (True, False))]
     # (out, lse), as tiled_attention returns, is accepted: the check compares out
     return check("causal_flash_attention", fn, _causal_reference, cases, bugs=bugs, **_TOLERANCES,
                  adapt=_output_only, matches="matches causal SDPA", then=_guarded(_skips_tiles))
@@ -384,6 +436,24 @@ def _dv_unscaled(q, k, d_out, lse, block_q, block_k):
 def _dv_unnormalised(q, k, d_out, lse, block_q, block_k):
     p = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]))  # the bug: lse not subtracted
     return p.transpose(-2, -1) @ d_out
+
+
+def _dv_untransposed(q, k, d_out, lse, block_q, block_k):
+    p = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) - lse[..., None])  # (B, H, T, S)
+    return p @ d_out  # the bug: P dO, which runs only where T == S; dV = P^T dO
+
+
+def _dv_untransposed_tiles(q, k, d_out, lse, block_q, block_k):
+    """dV_j += P_ij dO_i tile by tile: the shapes fit only where block_q == block_k."""
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    d_v = torch.zeros(B, H, S, d_out.shape[-1], dtype=q.dtype)
+    for j0 in range(0, S, block_k):
+        for i0 in range(0, T, block_q):
+            s = q[:, :, i0:i0 + block_q] @ k[:, :, j0:j0 + block_k].transpose(-2, -1) / math.sqrt(D)
+            p = torch.exp(s - lse[:, :, i0:i0 + block_q, None])  # (B, H, bq, bk)
+            d_v[:, :, j0:j0 + block_k] += p @ d_out[:, :, i0:i0 + block_q]  # the bug: P, not P^T
+    return d_v
 
 
 def _tile_memory(fn):
@@ -412,7 +482,10 @@ def check_flash_dv(fn) -> CheckResult:
              case("B=1, H=1, T=40, S=9, D=3, blocks 64x64 (one tile)", 1, 1, 40, 9, 3, 64, 64),
              case("float32, B=1, H=2, T=21, S=21, D=8, blocks 8x8", 1, 2, 21, 21, 8, 8, 8, torch.float32)]
     bugs = [Bug("the scale is missing: the weights are exp(q k^T / sqrt(D) - lse)", _dv_unscaled),
-            Bug("the weights are not normalised: subtract the saved log-sum-exp before exp", _dv_unnormalised)]
+            Bug("the weights are not normalised: subtract the saved log-sum-exp before exp", _dv_unnormalised),
+            *(Bug("that is P @ dO; the gradient of the values is P^T @ dO (P is (T, S), so P^T dO is (S, D), one "
+                  "row per key): transpose the tile of weights, p.transpose(-2, -1) @ d_out_i", bug)
+              for bug in (_dv_untransposed, _dv_untransposed_tiles))]
     return check("flash_dv", fn, _dv_reference, cases, bugs=bugs, **_TOLERANCES, matches="matches autograd",
                  then=_guarded(_tile_memory))
 

@@ -455,3 +455,52 @@ def test_flash_dq_dk(accepts, rejects):
             return flash_dq_dk(q_i, k_j, v_j, d_out_i, out_i, lse_i)
         return tuple(torch.zeros_like(t) for t in (q_i, k_j))
     rejects(check_flash_dq_dk, right_on_one_tile_only, "differ from autograd's dQ and dK")
+
+
+def test_causal_flash_attention_names_the_tiling_mistakes(rejects):
+    """Written apart from the check's own bugs: a softmax per tile, and diagonal tiles left unmasked."""
+
+    def softmax_per_tile(q, k, v, bq, bk, average=False):
+        T, D = q.shape[-2], q.shape[-1]
+        out = torch.zeros_like(q)
+        for i0 in range(0, T, bq):
+            i1, n = min(i0 + bq, T), 0
+            for j0 in range(0, i1, bk):
+                j1 = min(j0 + bk, T)
+                s = torch.einsum("bhqd,bhkd->bhqk", q[:, :, i0:i1], k[:, :, j0:j1]) / math.sqrt(D)
+                s = torch.where(torch.arange(j0, j1) <= torch.arange(i0, i1)[:, None], s, -math.inf)
+                out[:, :, i0:i1] += torch.softmax(s, dim=-1) @ v[:, :, j0:j1]
+                n += 1
+            if average:
+                out[:, :, i0:i1] /= n
+        return out
+    for average in (False, True):
+        rejects(check_causal_flash_attention,
+                lambda q, k, v, bq, bk, average=average: softmax_per_tile(q, k, v, bq, bk, average),
+                "each tile is softmaxed on its own")
+
+    def no_mask_on_the_diagonal(q, k, v, bq, bk):  # skips the tiles above, masks nothing
+        T, D = q.shape[-2], q.shape[-1]
+        out = torch.empty_like(q)
+        for i0 in range(0, T, bq):
+            i1 = min(i0 + bq, T)
+            s = torch.cat([q[:, :, i0:i1] @ k[:, :, j0:min(j0 + bk, T)].transpose(-2, -1)
+                           for j0 in range(0, i1, bk)], dim=-1) / math.sqrt(D)  # (B, H, bq, keys up to the tile)
+            out[:, :, i0:i1] = torch.softmax(s, dim=-1) @ v[:, :, :s.shape[-1]]
+        return out
+    rejects(check_causal_flash_attention, no_mask_on_the_diagonal, "the tiles on the diagonal are not masked")
+
+
+def test_flash_dv_names_p_instead_of_its_transpose(rejects):
+    def p_times_d_out(q, k, d_out, lse, bq, bk):  # tile by tile, P_ij dO_i where P_ij^T dO_i belongs
+        d_v = torch.zeros(*k.shape[:3], d_out.shape[-1], dtype=q.dtype)
+        for j0 in range(0, k.shape[2], bk):
+            for i0 in range(0, q.shape[2], bq):
+                s = torch.einsum("bhtd,bhsd->bhts", q[:, :, i0:i0 + bq], k[:, :, j0:j0 + bk]) / q.shape[-1] ** 0.5
+                d_v[:, :, j0:j0 + bk] += torch.exp(s - lse[:, :, i0:i0 + bq, None]) @ d_out[:, :, i0:i0 + bq]
+        return d_v
+    rejects(check_flash_dv, p_times_d_out, "that is P @ dO; the gradient of the values is P^T @ dO")
+
+    def whole_p_times_d_out(q, k, d_out, lse, bq, bk):
+        return torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) - lse[..., None]) @ d_out
+    rejects(check_flash_dv, whole_p_times_d_out, "that is P @ dO")
