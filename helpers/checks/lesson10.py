@@ -53,6 +53,11 @@ def _logsumexp_of_divisible_part(x, chunk):
     return torch.logsumexp(x[..., :n], dim=-1)  # -inf when no whole chunk fits
 
 
+def _logsumexp_nan_rows(x, chunk):
+    m = x.amax(dim=-1, keepdim=True)  # the bug: -inf for an all -inf row, and -inf - (-inf) = NaN
+    return (m + torch.log(torch.exp(x - m).sum(dim=-1, keepdim=True))).squeeze(-1)
+
+
 def _logsumexp_without_max(x, chunk):
     return torch.log(torch.exp(x).sum(dim=-1))
 
@@ -184,7 +189,14 @@ def check_online_logsumexp(fn) -> CheckResult:
                   _online_variant(running_max=False, rescale=r)) for r in (False, True)),
             *(Bug("a first chunk that is all -inf gives -inf - (-inf) = NaN in the shift: shift such rows by 0 "
                   "until a finite maximum appears (left padding)", _online_variant(guard=False, final_where=w))
-              for w in (False, True))]
+              for w in (False, True)),
+            Bug("a row that is all -inf gives -inf - (-inf) = NaN: shift such a row by 0 instead; its "
+                "log-sum-exp is -inf", _logsumexp_nan_rows),
+            Bug("the running sum starts at 1 (an extra e^0 term): start it at 0, with the maximum at -inf",
+                lambda x, chunk: torch.logaddexp(torch.logsumexp(x, dim=-1), torch.zeros((), dtype=x.dtype))),
+            Bug("that is right to float32 rounding only: compute, and return, in the dtype of x (float64 here), "
+                "not in float32",
+                lambda x, chunk: torch.logsumexp(x.float(), dim=-1).to(x.dtype))]
     return check("online_logsumexp", fn, lambda x, chunk: torch.logsumexp(x, dim=-1), cases, bugs=bugs,
                  **_TOLERANCES, matches="matches torch.logsumexp", then=_guarded(_reads_in_chunks))
 
@@ -222,7 +234,13 @@ def check_skipped_blocks(fn) -> CheckResult:
             Bug("that also counts the tiles on the diagonal: a tile is skipped only if every key in it comes "
                 "after every query in it", _diagonal_too),
             Bug("that counts the tiles wholly below the diagonal (the ones that are computed without a mask)",
-                _below_instead)]
+                _below_instead),
+            Bug("that is n (n - 1) / 2, which holds only for square tiles with T a multiple of the block: count the "
+                "tiles one by one (a tile is skipped when its first key comes after its last query)",
+                lambda T, bq, bk: (T // bq) * (T // bq - 1) // 2),
+            Bug("off by one: a key block that starts right after the block's last query, at j0 = i0 + block_q, is "
+                "already in the future (skip it when j0 > the last query, min(i0 + block_q, T) - 1)",
+                lambda T, bq, bk: sum(1 for i0 in range(0, T, bq) for j0 in range(0, T, bk) if j0 > i0 + bq))]
     T, bq, bk = 8192, 128, 64
     total = math.ceil(T / bq) * math.ceil(T / bk)
     summary = (f"; at T={T} with {bq}x{bk} tiles a causal kernel skips {_skipped_block_count(T, bq, bk)} of "
@@ -273,10 +291,20 @@ def _sees_only_the_past(first_row: float):
         mask = torch.ones(T, T, dtype=torch.bool).tril(-1)  # the bug: j >= i masked, not j > i
         mask[0, 0] = True  # keeps SDPA finite; row 0 is replaced below
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        out[..., 0, :] = first_row  # NaN from 0 / 0, or 0 where the sum was clamped
+        if first_row == "itself":  # the first query kept its own key, so that its row is not empty
+            out[..., 0, :] = v[..., 0, :]
+        else:
+            out[..., 0, :] = first_row  # NaN from 0 / 0, or 0 where the sum was clamped
         return out
 
     return attend
+
+
+def _whole_query_blocks_only(q, k, v, bq, bk):
+    T = q.shape[-2] // bq * bq
+    out = torch.zeros_like(q)  # the bug: rows past the last whole block stay 0
+    out[..., :T, :] = F.scaled_dot_product_attention(q[..., :T, :], k[..., :T, :], v[..., :T, :], is_causal=True)
+    return out
 
 
 def _unscaled_causal(q, k, v, bq, bk):
@@ -403,7 +431,9 @@ def check_causal_flash_attention(fn) -> CheckResult:
     bugs = [Bug("it attends to future keys: query t may see keys 0..t only", _attends_to_the_future),
             Bug("the mask points the wrong way: query t sees keys t..T-1 instead of 0..t", _reversed_mask),
             *(Bug("a query must see itself: mask key j from query i only when j > i, not when j >= i",
-                  _sees_only_the_past(first_row)) for first_row in (float("nan"), 0.0)),
+                  _sees_only_the_past(first_row)) for first_row in (float("nan"), 0.0, "itself")),
+            Bug("the last, shorter query block is missing: when T is not a multiple of block_q, the last block "
+                "has T % block_q queries, and it must be computed too", _whole_query_blocks_only),
             Bug("the scale is missing: the scores are q k^T / sqrt(D)", _unscaled_causal),
             Bug("the accumulator is not rescaled: when the maximum grows, multiply acc by e^(m - m') as well as "
                 "the running sum, before adding p @ v_j", _accumulator_not_rescaled),
@@ -436,6 +466,11 @@ def _dv_unscaled(q, k, d_out, lse, block_q, block_k):
 def _dv_unnormalised(q, k, d_out, lse, block_q, block_k):
     p = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]))  # the bug: lse not subtracted
     return p.transpose(-2, -1) @ d_out
+
+
+def _dv_whole_query_blocks_only(q, k, d_out, lse, block_q, block_k):
+    T = q.shape[2] // block_q * block_q  # the bug: the last, shorter query block is never visited
+    return _dv_reference(q[:, :, :T], k, d_out[:, :, :T], lse[:, :, :T], block_q, block_k)
 
 
 def _dv_untransposed(q, k, d_out, lse, block_q, block_k):
@@ -483,6 +518,8 @@ def check_flash_dv(fn) -> CheckResult:
              case("float32, B=1, H=2, T=21, S=21, D=8, blocks 8x8", 1, 2, 21, 21, 8, 8, 8, torch.float32)]
     bugs = [Bug("the scale is missing: the weights are exp(q k^T / sqrt(D) - lse)", _dv_unscaled),
             Bug("the weights are not normalised: subtract the saved log-sum-exp before exp", _dv_unnormalised),
+            Bug("the last, shorter query block is left out: when T is not a multiple of block_q, its queries add "
+                "to dV too", _dv_whole_query_blocks_only),
             *(Bug("that is P @ dO; the gradient of the values is P^T @ dO (P is (T, S), so P^T dO is (S, D), one "
                   "row per key): transpose the tile of weights, p.transpose(-2, -1) @ d_out_i", bug)
               for bug in (_dv_untransposed, _dv_untransposed_tiles))]

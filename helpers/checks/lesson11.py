@@ -47,7 +47,16 @@ def check_mean_pool(fn) -> CheckResult:
             Bug("the sum over real tokens is divided by L: divide by the number of real tokens of each sentence",
                 _divided_by_length),
             Bug("the mean is normalised to unit length: return the plain mean; sentence_embeddings normalises "
-                "afterwards", _normalised_mean)]
+                "afterwards", _normalised_mean),
+            Bug("that is the [CLS] vector (position 0), BERT's pooling for classification; mean pooling averages "
+                "the hidden states of every real token, [CLS] and [SEP] included", lambda h, m: h[:, 0]),
+            Bug("that is the sum over the real tokens: divide it by the number of real tokens of each sentence",
+                lambda h, m: (h * m[..., None].to(h.dtype)).sum(dim=1)),
+            Bug("that is max pooling (the largest value of each feature): mean pooling averages the real tokens",
+                lambda h, m: h.masked_fill(~m[..., None], float("-inf")).amax(dim=1)),
+            Bug("the last real token of each sentence is left out: average positions 0 .. n-1, where n is its "
+                "number of real tokens", lambda h, m: torch.stack([h[b, :max(int(m[b].sum()) - 1, 1)].mean(0)
+                                                                    for b in range(h.shape[0])]))]
     return check("mean_pool", fn, _mean_pool, cases, bugs=bugs, atol=1e-9, rtol=1e-9)
 
 

@@ -885,6 +885,10 @@ mistakes("check_mean_pool", [
     (lambda h, m: (h * m[..., None]).sum(1) / h.shape[1], "divided by L"),
     (lambda h, m: F.normalize(_pool(h, m), dim=-1), "normalised to unit length"),
     (lambda h, m: (h * m[..., None]).sum(-1) / m.sum(-1, keepdim=True), "over the features"),
+    (lambda h, m: h[:, 0, :], "the [CLS] vector"),
+    (lambda h, m: h[:, 0].clone(), "the [CLS] vector"),
+    (lambda h, m: (h * m.unsqueeze(-1)).sum(1), "the sum over the real tokens"),
+    (lambda h, m: torch.stack([h[b][m[b]].max(0).values for b in range(len(h))]), "max pooling"),
 ])
 
 
