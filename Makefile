@@ -34,7 +34,7 @@ LAB_SETTINGS := $(VENV)/etc/jupyter/jupyter_lab_config.py
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg -p no:cacheprovider
 JOBS ?= 2
 
-.PHONY: lab reset test unit notebooks notebooks-alt lint execute render bench clean install torch triton oldest
+.PHONY: lab reset test unit notebooks notebooks-alt lint execute render bench clean install torch triton oldest gpu-check
 
 install: $(STAMP)
 
@@ -149,6 +149,15 @@ render: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+# The GPU half in one command, on a machine with a CUDA GPU (benchmarks/README.md, "The GPU half in one
+# command"): the unit tests that use CUDA, lessons 09, 10, 12 (13) under lax nbval, and the GPU benchmarks,
+# in at most 8 minutes on one H100, writing benchmarks/results/*_cuda.*. Without CUDA it stops at once.
+# It needs no `make install` (the GPU machine may have no .venv): the .venv's Python if there is one,
+# else python3 (GPU_PYTHON=... to choose).
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	$(GPU_PYTHON) benchmarks/gpu_check.py
 
 # Lesson 12's trained GPT, data/gpt_shakespeare.pt, from a fixed seed (data/README.md lists its sha256,
 # held-out bits per character and time). One CPU thread, as it was made.

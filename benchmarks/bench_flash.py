@@ -8,12 +8,17 @@ causal. TFLOP/s count 4 B H T^2 D FLOPs for no mask and half of that for causal.
 contestant's backward alone is timed, from a forward run once before (autograd with retain_graph for the
 PyTorch tiles and SDPA; the Triton backward kernels from the saved out and lse), its gradients checked
 against SDPA's math kernel first; its TFLOP/s count 2.5 times the forward's FLOPs (five matrix products
-per tile where the forward has two).
+per tile where the forward has two). With --fwdbwd, one forward and one backward per call (3.5 times the
+forward's FLOPs); the Triton row is the forward kernel and the two backward kernels, from a log-sum-exp
+computed once beforehand (the forward kernel does not write it). --cs336 is the configuration of Stanford
+CS336's FlashAttention assignment: B=1, T=16384, 16 heads of 64, bf16, causal, forward + backward, the
+Triton kernels against SDPA's fused kernels (no PyTorch tiles: they would take minutes there).
 
     python benchmarks/bench_flash.py                  # CUDA: B=4, H=16, D=128, T = 1024 ... 8192, bf16
     python benchmarks/bench_flash.py --quick          # small sizes, seconds
     python benchmarks/bench_flash.py --sizes 8192 --masks none
     python benchmarks/bench_flash.py --backward --quick  # the backward, written to results/flash_backward_*
+    python benchmarks/bench_flash.py --cs336          # CUDA: forward + backward at B=1, T=16384, H=16, D=64, causal
 """
 
 from __future__ import annotations
@@ -155,6 +160,61 @@ def backward_contestants(q, k, v, causal: bool, tiled_block: int, device) -> tup
     return fns, skipped
 
 
+def fwdbwd_contestants(q, k, v, causal: bool, tiled_block: int | None, device) -> tuple[dict, dict]:
+    """({name: fn()} each running one forward and one backward, checked first; {name: reason} of the rest).
+
+    ``tiled_block`` None leaves out the PyTorch tiles.
+    """
+    fns, skipped = {}, {}
+    mask = causal_mask(q.shape[2], device=device) if causal else None
+    d_out = torch.randn(q.shape, generator=torch.Generator(device=device).manual_seed(2), device=device,
+                        dtype=q.dtype)  # (B, H, T, D)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+
+    def through_autograd(forward):
+        def call():
+            out = forward(*leaves)
+            return (out, *torch.autograd.grad(out, leaves, d_out))
+        return call
+
+    def sdpa(name):
+        def forward(q, k, v):
+            with sdpa_backend(name):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return forward
+
+    if tiled_block is not None:
+        fns["pytorch tiled (lesson 10)"] = through_autograd(
+            lambda q, k, v: flash_attention(q, k, v, mask=mask, block_q=tiled_block, block_k=tiled_block))
+    else:
+        skipped["pytorch tiled (lesson 10)"] = "left out (--no-tiled)"
+    for name in ("flash", "efficient", "cudnn"):
+        fns[f"sdpa {name}"] = through_autograd(sdpa(name))
+    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+        _, lse = flash_attention_forward(q, k, v, mask=mask, block_q=256, block_k=256)  # the saved statistics
+
+        def triton_call():
+            out = triton_flash_attention(q, k, v, causal=causal)
+            return (out, *triton_flash_attention_backward(q, k, v, out, lse, d_out, causal=causal))
+        fns["triton (lesson 10)"] = triton_call
+    else:
+        skipped["triton (lesson 10)"] = "needs a CUDA GPU and Triton"
+    expected = [reference(q, k, v, causal), *reference_grads(q, k, v, d_out, causal)]
+    tolerance = 1e-3 if q.dtype == torch.float32 else 5e-2  # relative to the largest entry of each
+    for name, fn in list(fns.items()):
+        try:
+            error = max((g.float() - e).abs().max().item() / e.abs().max().item()
+                        for g, e in zip(fn(), expected, strict=True))
+        except (RuntimeError, ValueError) as err:  # a kernel this device or torch cannot run
+            skipped[name] = str(err).split("\n")[0][:200]
+            del fns[name]
+            continue
+        if not error <= tolerance:
+            raise SystemExit(f"{name}: output or gradients differ from SDPA's math kernel by {error:.3g} of the "
+                             f"largest (tolerance {tolerance})")
+    return fns, skipped
+
+
 def run(args, device) -> list[dict]:
     dtype = torch.float32 if device.type == "cpu" else (
         torch.bfloat16 if dtype_supported(torch.bfloat16, device) else torch.float16)
@@ -166,11 +226,15 @@ def run(args, device) -> list[dict]:
                    for _ in range(3))  # (B, H, T, D) each
         for mask in args.masks:
             causal = mask == "causal"
-            pick = backward_contestants if args.backward else contestants
-            fns, skipped = pick(q, k, v, causal, args.tiled_block, device)
+            if args.fwdbwd:
+                fns, skipped = fwdbwd_contestants(q, k, v, causal, None if args.no_tiled else args.tiled_block,
+                                                  device)
+            else:
+                pick = backward_contestants if args.backward else contestants
+                fns, skipped = pick(q, k, v, causal, args.tiled_block, device)
             times = time_side_by_side(fns, device, repeats=args.repeats, warmup=args.warmup)
             flops = attention_flops(args.batch, args.heads, T, T, args.head_dim) / (2 if causal else 1)
-            flops *= 2.5 if args.backward else 1.0  # five matrix products per tile where the forward has two
+            flops *= 3.5 if args.fwdbwd else 2.5 if args.backward else 1.0  # 5 matrix products per tile to 2
             for name in fns:
                 seconds = times[name]["median_s"]
                 row = dict(T=T, mask=mask, dtype=str(dtype).removeprefix("torch."), contestant=name,
@@ -203,10 +267,11 @@ def targets(rows, device) -> dict | None:
 
 
 def markdown(rows, args, goals) -> str:
-    body = [f"{'Backward alone' if args.backward else 'Forward'}. "
+    what = "Forward + backward" if args.fwdbwd else "Backward alone" if args.backward else "Forward"
+    body = [f"{what}. "
             f"B={args.batch}, H={args.heads}, D={args.head_dim}; PyTorch tiles {args.tiled_block} x "
             f"{args.tiled_block}; Triton tiles (block_q, block_k, warps) = {args.triton_blocks}. TFLOP/s count "
-            f"{'10' if args.backward else '4'} B H T^2 D FLOPs, half for causal.\n"]
+            f"{'14' if args.fwdbwd else '10' if args.backward else '4'} B H T^2 D FLOPs, half for causal.\n"]
     table = [[r["T"], r["mask"], r.get("dtype", "-"), r["contestant"],
               fmt_ms(r.get("median_s")), f"{r['tflops']:.3g}" if "tflops" in r else "-",
               f"{r['fraction_of_peak']:.1%}" if "fraction_of_peak" in r else "-", r.get("skipped", "")]
@@ -226,12 +291,38 @@ def parse(argv):
     p.add_argument("--head-dim", type=int, default=None, help="D (default 128 on CUDA, 64 on CPU)")
     p.add_argument("--tiled-block", type=int, default=None, help="tiles of the PyTorch version (256 CUDA, 64 CPU)")
     p.add_argument("--backward", action="store_true", help="time the backward alone (results: flash_backward_*)")
+    p.add_argument("--fwdbwd", action="store_true", help="time forward + backward (results: flash_fwdbwd_*)")
+    p.add_argument("--no-tiled", action="store_true", help="leave out the PyTorch tiles (with --fwdbwd)")
+    p.add_argument("--cs336", action="store_true",
+                   help="CS336's configuration: B=1, T=16384, H=16, D=64, bf16, causal, forward + backward, no "
+                        "PyTorch tiles (results: flash_cs336_*)")
     add_repeat_args(p, "blocks per contestant (median)")
     return command_line(p, argv)
 
 
+CS336 = {"sizes": [16384], "batch": 1, "heads": 16, "head_dim": 64, "masks": ["causal"], "fwdbwd": True,
+         "no_tiled": True, "backward": False}
+
+
+def apply_preset(args):
+    """With --cs336, set CS336's configuration (the sizes, one causal mask, forward + backward); return args."""
+    if args.cs336:
+        for key, value in CS336.items():
+            setattr(args, key, value)
+    if args.backward and args.fwdbwd:
+        raise SystemExit("--backward times the backward alone, --fwdbwd forward + backward: choose one")
+    return args
+
+
+def result_name(args) -> str:
+    """The stem of the result files: flash, flash_backward, flash_fwdbwd or flash_cs336 (then _cpu or _cuda)."""
+    return ("flash_cs336" if args.cs336 else "flash_fwdbwd" if args.fwdbwd else
+            "flash_backward" if args.backward else "flash")
+
+
 def main(argv=None) -> dict:
     args, device = parse(argv)
+    apply_preset(args)
     cuda = device.type == "cuda"
     if args.sizes is None:
         args.sizes = ([256, 512] if not cuda else [512, 1024]) if args.quick else (
@@ -244,8 +335,8 @@ def main(argv=None) -> dict:
     args.triton_blocks = triton_block_sizes(device) if cuda else None
     env = announce("flash benchmark", device)
     rows = run(args, device)
-    goals = None if args.backward else targets(rows, device)  # the lesson's targets are the forward's
-    name = "flash_backward" if args.backward else "flash"
+    goals = None if args.backward or args.fwdbwd else targets(rows, device)  # the lesson's targets: the forward's
+    name = result_name(args)
     payload = dict(benchmark=name, environment=env, settings=vars(args), rows=rows, targets=goals)
     save(name, device, payload, markdown(rows, args, goals), args)
     return payload

@@ -673,23 +673,27 @@ def flash_tiles_diagram(T, S, D, block_q, block_k, causal=False, query_block=Non
             ax.add_patch(Rectangle((x - 0.22, y), 0.44, h * 0.92, facecolor=ROLE_COLORS[role] if on else "white",
                                    edgecolor=ROLE_COLORS[role], alpha=0.85 if on else 1.0, lw=1))
         ax.text(x, 4.88, name, ha="center", fontsize=FONT, weight="bold")
-    ax.text(1.55, 0.78, f"Q, O: {n_q} blocks of {block_q} rows\nK, V: {n_k} blocks of {block_k} rows",
-            ha="center", fontsize=SMALL)
+    ax.text(1.55, 0.64, f"Q, O: {n_q} blocks of {block_q} rows\nK, V: {n_k} blocks of {block_k} rows",
+            ha="center", va="bottom", fontsize=SMALL)  # below the strips, which end at y = 1.05
     # on-chip memory: one query block's state and the tiles streaming through
-    box(ax, 5.35, 3.0, 3.6, 4.9, fill=False, role="weights")
-    ax.text(5.35, 5.2, "on-chip memory (GPU: SRAM)", ha="center", fontsize=FONT, weight="bold")
-    box(ax, 5.35, 4.45, 3.0, 0.5, f"Q_{i}: ({block_q}, {D}), loaded once", role="query", fontsize=SMALL)
-    box(ax, 4.55, 3.65, 1.4, 0.5, f"K_j: ({block_k}, {D})", role="key", fontsize=SMALL)
-    box(ax, 6.15, 3.65, 1.4, 0.5, f"V_j: ({block_k}, {D})", role="value", fontsize=SMALL)
-    box(ax, 5.35, 2.75, 3.0, 0.6, f"tile S = Q_{i} K_j^T / sqrt(D)\n({block_q}, {block_k}), then thrown away",
+    # (its left border at x = 4.1 leaves the arrows' labels between the two boxes room of their own)
+    box(ax, 5.7, 3.0, 3.2, 4.9, fill=False, role="weights")
+    ax.text(5.7, 5.2, "on-chip memory (GPU: SRAM)", ha="center", fontsize=FONT, weight="bold")
+    box(ax, 5.7, 4.45, 2.8, 0.5, f"Q_{i}: ({block_q}, {D}), loaded once", role="query", fontsize=SMALL)
+    box(ax, 4.95, 3.65, 1.3, 0.5, f"K_j: ({block_k}, {D})", role="key", fontsize=SMALL)
+    box(ax, 6.45, 3.65, 1.3, 0.5, f"V_j: ({block_k}, {D})", role="value", fontsize=SMALL)
+    box(ax, 5.7, 2.75, 2.8, 0.6, f"tile S = Q_{i} K_j^T / sqrt(D)\n({block_q}, {block_k}), then thrown away",
         role="weights", fontsize=SMALL)
-    box(ax, 5.35, 1.75, 3.0, 0.75, f"running m, l: ({block_q},)\nacc: ({block_q}, {D}), rescaled per tile",
+    box(ax, 5.7, 1.75, 2.8, 0.75, f"running m, l: ({block_q},)\nacc: ({block_q}, {D}), rescaled per tile",
         fontsize=SMALL)
-    arrow(ax, (5.35, 2.42), (5.35, 2.15))
-    # between the memories: Q_i in once, K_j and V_j streamed, O_i out once
-    arrow(ax, (2.9, 4.45), (3.85, 4.45), role="query", lw=1.4, text="once")
-    arrow(ax, (2.9, 3.65), (3.85, 3.65), role="key", lw=1.4, text="j = 0, 1, ...")
-    arrow(ax, (3.85, 1.75), (2.9, 1.75), lw=1.4, text=f"O_{i} = acc / l")
+    arrow(ax, (5.7, 2.42), (5.7, 2.15))
+    # between the memories: Q_i in once, K_j and V_j streamed, O_i out once; each label centred in the gap
+    gap = (2.9 + 4.1) / 2
+    for y, role, text, inward in ((4.45, "query", "once", True), (3.65, "key", "j = 0, 1, ...", True),
+                                  (1.75, "other", f"O_{i} = acc / l", False)):
+        start, end = ((2.9, y), (4.3, y)) if inward else ((4.3, y), (2.9, y))
+        arrow(ax, start, end, role=role, lw=1.4)
+        ax.text(gap, y + 0.12, text, ha="center", va="bottom", fontsize=SMALL, color="black")
     # the grid of tiles: the walk of query block i
     g0x, g0y, cell = 7.75, 0.9, min(3.4 / n_k, 3.9 / n_q)
     for a in range(n_q):

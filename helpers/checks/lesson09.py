@@ -27,7 +27,11 @@ def check_kv_cache_bytes(fn) -> CheckResult:
             Bug("the reference times n_layers: every layer caches its own keys and values",
              lambda n, B, H, L, D, b: 2 * B * H * L * D * b),
             Bug("that counts elements, not bytes: multiply by bytes_per_element",
-             lambda n, B, H, L, D, b: 2 * n * B * H * L * D)]
+             lambda n, B, H, L, D, b: 2 * n * B * H * L * D),
+            Bug("the heads are missing: each of the H heads caches its own key and value vectors of D numbers",
+                lambda n, B, H, L, D, b: 2 * n * B * L * D * b),
+            Bug("that grows with L * L: the cache holds one key and one value per position, so it grows like L",
+                lambda n, B, H, L, D, b: 2 * n * B * H * L * L * b)]
     return check("kv_cache_bytes", fn, _kv_cache_bytes, cases, bugs=bugs)
 
 
@@ -48,7 +52,12 @@ def check_kept_pairs(fn) -> CheckResult:
              "with dilation the first queries miss more keys", lambda T, w, d: w * T - w * (w - 1) // 2),
             Bug("the closed form w*T - d*w*(w-1)/2 assumes T >= (window-1)*dilation; for shorter T "
                 "count each query's keys, min(window, t // dilation + 1)",
-                lambda T, w, d: w * T - d * w * (w - 1) // 2)]
+                lambda T, w, d: w * T - d * w * (w - 1) // 2),
+            Bug("that is the sliding window's count: with dilation d, query t keeps min(window, t // d + 1) keys",
+                lambda T, w, d: int(sliding_window_mask(T, w).sum())),
+            Bug("off by one: query t keeps min(window, t // dilation + 1) keys, itself included",
+                lambda T, w, d: sum(min(w, t // d) for t in range(T))),
+            Bug("that is T * T, every pair: count only the pairs the dilated window keeps", lambda T, w, d: T * T)]
 
     def no_mask(fn, T=2048):  # "without building the mask": far less memory than one (T, T) bool mask
         used = peak_memory(fn, T, 8, 3, device="cpu")
@@ -80,6 +89,10 @@ def check_global_window_mask(fn) -> CheckResult:
             Bug("the global tokens are rows (queries that see everything earlier); they must be columns: keys "
                 "that every later query may see", lambda T, w, g: sliding_window_mask(T, w) | (
                  (torch.arange(T)[:, None] < g) & causal_mask(T))),
+            Bug("the global tokens are missing: every query also sees the first n_global positions (none of them "
+                "after itself)", lambda T, w, g: sliding_window_mask(T, w)),
+            Bug("one global token too many: the global tokens are positions 0 .. n_global - 1",
+                lambda T, w, g: _global_window(T, w, g + 1)),
             Bug("the sliding window is missing: besides the global tokens, each query sees its window",
              lambda T, w, g: (torch.arange(T)[None, :] < g) & causal_mask(T) | torch.eye(T, dtype=torch.bool))]
     return check("global_window_mask", fn, _global_window, cases, bugs=bugs)
@@ -126,6 +139,8 @@ def check_local_attention(fn) -> CheckResult:
     bugs = [Bug("each query must see itself and the window - 1 keys before it (window keys in all), "
                 "not window keys before it plus itself",
                 lambda q, k, v, w: _local_reference(q, k, v, w + 1)),
+            Bug("the window is one too narrow: each query sees itself and the window - 1 keys before it",
+                lambda q, k, v, w: _local_reference(q, k, v, max(w - 1, 1))),
             Bug("the mask is missing: this is full attention, where queries see the future",
                 lambda q, k, v, w: scaled_dot_product_attention(q, k, v)[0]),
             Bug("inside a block of keys, each query must still be masked: it may see key s only if s <= t and "

@@ -53,6 +53,11 @@ def _logsumexp_of_divisible_part(x, chunk):
     return torch.logsumexp(x[..., :n], dim=-1)  # -inf when no whole chunk fits
 
 
+def _logsumexp_nan_rows(x, chunk):
+    m = x.amax(dim=-1, keepdim=True)  # the bug: -inf for an all -inf row, and -inf - (-inf) = NaN
+    return (m + torch.log(torch.exp(x - m).sum(dim=-1, keepdim=True))).squeeze(-1)
+
+
 def _logsumexp_without_max(x, chunk):
     return torch.log(torch.exp(x).sum(dim=-1))
 
@@ -184,7 +189,14 @@ def check_online_logsumexp(fn) -> CheckResult:
                   _online_variant(running_max=False, rescale=r)) for r in (False, True)),
             *(Bug("a first chunk that is all -inf gives -inf - (-inf) = NaN in the shift: shift such rows by 0 "
                   "until a finite maximum appears (left padding)", _online_variant(guard=False, final_where=w))
-              for w in (False, True))]
+              for w in (False, True)),
+            Bug("a row that is all -inf gives -inf - (-inf) = NaN: shift such a row by 0 instead; its "
+                "log-sum-exp is -inf", _logsumexp_nan_rows),
+            Bug("the running sum starts at 1 (an extra e^0 term): start it at 0, with the maximum at -inf",
+                lambda x, chunk: torch.logaddexp(torch.logsumexp(x, dim=-1), torch.zeros((), dtype=x.dtype))),
+            Bug("that is right to float32 rounding only: compute, and return, in the dtype of x (float64 here), "
+                "not in float32",
+                lambda x, chunk: torch.logsumexp(x.float(), dim=-1).to(x.dtype))]
     return check("online_logsumexp", fn, lambda x, chunk: torch.logsumexp(x, dim=-1), cases, bugs=bugs,
                  **_TOLERANCES, matches="matches torch.logsumexp", then=_guarded(_reads_in_chunks))
 
@@ -222,7 +234,13 @@ def check_skipped_blocks(fn) -> CheckResult:
             Bug("that also counts the tiles on the diagonal: a tile is skipped only if every key in it comes "
                 "after every query in it", _diagonal_too),
             Bug("that counts the tiles wholly below the diagonal (the ones that are computed without a mask)",
-                _below_instead)]
+                _below_instead),
+            Bug("that is n (n - 1) / 2, which holds only for square tiles with T a multiple of the block: count the "
+                "tiles one by one (a tile is skipped when its first key comes after its last query)",
+                lambda T, bq, bk: (T // bq) * (T // bq - 1) // 2),
+            Bug("off by one: a key block that starts right after the block's last query, at j0 = i0 + block_q, is "
+                "already in the future (skip it when j0 > the last query, min(i0 + block_q, T) - 1)",
+                lambda T, bq, bk: sum(1 for i0 in range(0, T, bq) for j0 in range(0, T, bk) if j0 > i0 + bq))]
     T, bq, bk = 8192, 128, 64
     total = math.ceil(T / bq) * math.ceil(T / bk)
     summary = (f"; at T={T} with {bq}x{bk} tiles a causal kernel skips {_skipped_block_count(T, bq, bk)} of "
@@ -273,10 +291,20 @@ def _sees_only_the_past(first_row: float):
         mask = torch.ones(T, T, dtype=torch.bool).tril(-1)  # the bug: j >= i masked, not j > i
         mask[0, 0] = True  # keeps SDPA finite; row 0 is replaced below
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        out[..., 0, :] = first_row  # NaN from 0 / 0, or 0 where the sum was clamped
+        if first_row == "itself":  # the first query kept its own key, so that its row is not empty
+            out[..., 0, :] = v[..., 0, :]
+        else:
+            out[..., 0, :] = first_row  # NaN from 0 / 0, or 0 where the sum was clamped
         return out
 
     return attend
+
+
+def _whole_query_blocks_only(q, k, v, bq, bk):
+    T = q.shape[-2] // bq * bq
+    out = torch.zeros_like(q)  # the bug: rows past the last whole block stay 0
+    out[..., :T, :] = F.scaled_dot_product_attention(q[..., :T, :], k[..., :T, :], v[..., :T, :], is_causal=True)
+    return out
 
 
 def _unscaled_causal(q, k, v, bq, bk):
@@ -299,6 +327,52 @@ def _accumulator_not_rescaled(q, k, v, block_q, block_k):
             p = torch.exp(s - m_new)
             total = total * torch.exp(m - m_new) + p.sum(dim=-1, keepdim=True)
             acc = acc + p @ v[:, :, j0:j1]  # the bug: acc * exp(m - m_new) is missing
+            m = m_new
+        out[:, :, i0:i1] = acc / total
+    return out
+
+
+def _tile_local_softmax(averaged: bool, nan_rows: bool):
+    """Skipping tiles, but each tile softmaxed on its own and the tiles' outputs added (or averaged).
+
+    ``nan_rows``: a query row that sees no key of a diagonal tile gives NaN (torch.softmax of all -inf), as a
+    learner's code would; otherwise such rows add 0.
+    """
+
+    def attend(q, k, v, block_q, block_k):
+        B, H, T, D = q.shape
+        out = torch.zeros_like(q)
+        for i0 in range(0, T, block_q):
+            i1 = min(i0 + block_q, T)
+            acc, tiles = torch.zeros_like(q[:, :, i0:i1]), 0
+            for j0 in range(0, i1, block_k):
+                j1 = min(j0 + block_k, T)
+                s = q[:, :, i0:i1] @ k[:, :, j0:j1].transpose(-2, -1) / math.sqrt(D)  # (B, H, bq, bk)
+                s = s.masked_fill(torch.arange(j0, j1)[None, :] > torch.arange(i0, i1)[:, None], float("-inf"))
+                p = torch.softmax(s, dim=-1)  # the bug: normalised over this tile's keys only
+                acc = acc + (p if nan_rows else p.nan_to_num(0.0)) @ v[:, :, j0:j1]
+                tiles += 1
+            out[:, :, i0:i1] = acc / tiles if averaged else acc
+        return out
+
+    return attend
+
+
+def _diagonal_tiles_unmasked(q, k, v, block_q, block_k):
+    """Skipping the tiles above the diagonal, right online softmax, but no mask on the tiles the diagonal crosses."""
+    B, H, T, D = q.shape
+    out = torch.empty_like(q)
+    for i0 in range(0, T, block_q):
+        i1 = min(i0 + block_q, T)
+        m = torch.full((B, H, i1 - i0, 1), float("-inf"), dtype=q.dtype)
+        total, acc = torch.zeros_like(m), torch.zeros_like(q[:, :, i0:i1])
+        for j0 in range(0, i1, block_k):
+            j1 = min(j0 + block_k, T)
+            s = q[:, :, i0:i1] @ k[:, :, j0:j1].transpose(-2, -1) / math.sqrt(D)  # the bug: no mask at all
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - m_new)
+            total = total * torch.exp(m - m_new) + p.sum(dim=-1, keepdim=True)
+            acc = acc * torch.exp(m - m_new) + p @ v[:, :, j0:j1]
             m = m_new
         out[:, :, i0:i1] = acc / total
     return out
@@ -357,10 +431,18 @@ def check_causal_flash_attention(fn) -> CheckResult:
     bugs = [Bug("it attends to future keys: query t may see keys 0..t only", _attends_to_the_future),
             Bug("the mask points the wrong way: query t sees keys t..T-1 instead of 0..t", _reversed_mask),
             *(Bug("a query must see itself: mask key j from query i only when j > i, not when j >= i",
-                  _sees_only_the_past(first_row)) for first_row in (float("nan"), 0.0)),
+                  _sees_only_the_past(first_row)) for first_row in (float("nan"), 0.0, "itself")),
+            Bug("the last, shorter query block is missing: when T is not a multiple of block_q, the last block "
+                "has T % block_q queries, and it must be computed too", _whole_query_blocks_only),
             Bug("the scale is missing: the scores are q k^T / sqrt(D)", _unscaled_causal),
             Bug("the accumulator is not rescaled: when the maximum grows, multiply acc by e^(m - m') as well as "
-                "the running sum, before adding p @ v_j", _accumulator_not_rescaled)]
+                "the running sum, before adding p @ v_j", _accumulator_not_rescaled),
+            Bug("the tiles on the diagonal are not masked: there a query still sees the later keys of its own tile; "
+                "mask key j from query i when j > i in every tile the diagonal crosses", _diagonal_tiles_unmasked),
+            *(Bug("each tile is softmaxed on its own, so a row's weights do not add up to 1 over all its keys: keep "
+                  "a running maximum m and sum l across the key blocks, rescale acc and l by e^(m - m') when m "
+                  "grows, and divide by l once, at the end", _tile_local_softmax(averaged, nan_rows))
+              for averaged in (False, True) for nan_rows in (True, False))]
     # (out, lse), as tiled_attention returns, is accepted: the check compares out
     return check("causal_flash_attention", fn, _causal_reference, cases, bugs=bugs, **_TOLERANCES,
                  adapt=_output_only, matches="matches causal SDPA", then=_guarded(_skips_tiles))
@@ -384,6 +466,29 @@ def _dv_unscaled(q, k, d_out, lse, block_q, block_k):
 def _dv_unnormalised(q, k, d_out, lse, block_q, block_k):
     p = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]))  # the bug: lse not subtracted
     return p.transpose(-2, -1) @ d_out
+
+
+def _dv_whole_query_blocks_only(q, k, d_out, lse, block_q, block_k):
+    T = q.shape[2] // block_q * block_q  # the bug: the last, shorter query block is never visited
+    return _dv_reference(q[:, :, :T], k, d_out[:, :, :T], lse[:, :, :T], block_q, block_k)
+
+
+def _dv_untransposed(q, k, d_out, lse, block_q, block_k):
+    p = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) - lse[..., None])  # (B, H, T, S)
+    return p @ d_out  # the bug: P dO, which runs only where T == S; dV = P^T dO
+
+
+def _dv_untransposed_tiles(q, k, d_out, lse, block_q, block_k):
+    """dV_j += P_ij dO_i tile by tile: the shapes fit only where block_q == block_k."""
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    d_v = torch.zeros(B, H, S, d_out.shape[-1], dtype=q.dtype)
+    for j0 in range(0, S, block_k):
+        for i0 in range(0, T, block_q):
+            s = q[:, :, i0:i0 + block_q] @ k[:, :, j0:j0 + block_k].transpose(-2, -1) / math.sqrt(D)
+            p = torch.exp(s - lse[:, :, i0:i0 + block_q, None])  # (B, H, bq, bk)
+            d_v[:, :, j0:j0 + block_k] += p @ d_out[:, :, i0:i0 + block_q]  # the bug: P, not P^T
+    return d_v
 
 
 def _tile_memory(fn):
@@ -412,7 +517,12 @@ def check_flash_dv(fn) -> CheckResult:
              case("B=1, H=1, T=40, S=9, D=3, blocks 64x64 (one tile)", 1, 1, 40, 9, 3, 64, 64),
              case("float32, B=1, H=2, T=21, S=21, D=8, blocks 8x8", 1, 2, 21, 21, 8, 8, 8, torch.float32)]
     bugs = [Bug("the scale is missing: the weights are exp(q k^T / sqrt(D) - lse)", _dv_unscaled),
-            Bug("the weights are not normalised: subtract the saved log-sum-exp before exp", _dv_unnormalised)]
+            Bug("the weights are not normalised: subtract the saved log-sum-exp before exp", _dv_unnormalised),
+            Bug("the last, shorter query block is left out: when T is not a multiple of block_q, its queries add "
+                "to dV too", _dv_whole_query_blocks_only),
+            *(Bug("that is P @ dO; the gradient of the values is P^T @ dO (P is (T, S), so P^T dO is (S, D), one "
+                  "row per key): transpose the tile of weights, p.transpose(-2, -1) @ d_out_i", bug)
+              for bug in (_dv_untransposed, _dv_untransposed_tiles))]
     return check("flash_dv", fn, _dv_reference, cases, bugs=bugs, **_TOLERANCES, matches="matches autograd",
                  then=_guarded(_tile_memory))
 

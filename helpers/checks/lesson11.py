@@ -47,7 +47,22 @@ def check_mean_pool(fn) -> CheckResult:
             Bug("the sum over real tokens is divided by L: divide by the number of real tokens of each sentence",
                 _divided_by_length),
             Bug("the mean is normalised to unit length: return the plain mean; sentence_embeddings normalises "
-                "afterwards", _normalised_mean)]
+                "afterwards", _normalised_mean),
+            Bug("that is the [CLS] vector (position 0), BERT's pooling for classification; mean pooling averages "
+                "the hidden states of every real token, [CLS] and [SEP] included", lambda h, m: h[:, 0]),
+            Bug("that is the sum over the real tokens: divide it by the number of real tokens of each sentence",
+                lambda h, m: (h * m[..., None].to(h.dtype)).sum(dim=1)),
+            Bug("that is max pooling (the largest value of each feature): mean pooling averages the real tokens",
+                lambda h, m: h.masked_fill(~m[..., None], float("-inf")).amax(dim=1)),
+            Bug("that mixes the sentences: average each sentence's own real tokens, one vector per sentence",
+                lambda h, m: h[m].mean(0, keepdim=True).expand(h.shape[0], -1)),
+            Bug("the sum is divided by the number of real tokens of the whole batch: divide each sentence's sum "
+                "by its own count", lambda h, m: (h * m[..., None].to(h.dtype)).sum(dim=1) / m.sum()),
+            Bug("that is the vector at the last position, which is a pad in a padded sentence: average the real "
+                "tokens", lambda h, m: h[:, -1]),
+            Bug("the last real token of each sentence is left out: average positions 0 .. n-1, where n is its "
+                "number of real tokens", lambda h, m: torch.stack([h[b, :max(int(m[b].sum()) - 1, 1)].mean(0)
+                                                                    for b in range(h.shape[0])]))]
     return check("mean_pool", fn, _mean_pool, cases, bugs=bugs, atol=1e-9, rtol=1e-9)
 
 
@@ -148,6 +163,10 @@ def check_previous_token_score(fn) -> CheckResult:
                 _self_score),
             Bug("that is the weight on the next token (key i + 1): rows are queries, columns keys", _next_token_score),
             Bug("the sum is divided by T: query 0 has no previous token, so there are T - 1 terms", _divided_by_T),
+            Bug("that is the sum over the queries: divide it by their number, T - 1, for the mean",
+                lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(dim=-1)),
+            Bug("that is the largest weight on the previous token: return the mean over the queries i = 1 .. T-1",
+                lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).amax(dim=-1)),
             Bug("the mean starts at i = 2 (as section 5 does, to skip [CLS]); the exercise asks for every query "
                 "i = 1 .. T-1", lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[:, 1:].mean(dim=-1)),
             Bug("the mean runs over the heads: return one score per head, averaged over the queries",
@@ -187,7 +206,11 @@ def check_rank_by_cosine(fn) -> CheckResult:
                 _rank_by_dot_product),
             Bug("that puts the least similar first: sort in descending order", _least_similar_first),
             Bug("those are the sorted similarities' positions in the wrong direction: argsort gives the "
-                "indices of the corpus rows; you returned the rank of each row", _ranks_not_order)]
+                "indices of the corpus rows; you returned the rank of each row", _ranks_not_order),
+            Bug("that ranks by the dot product, least similar first: divide by both lengths (cosine) and sort in "
+                "descending order", lambda q, c: (c @ q).argsort()),
+            Bug("that ranks by Euclidean distance, which depends on the lengths: rank by cosine, the dot product of "
+                "the unit-length vectors", lambda q, c: (c - q).norm(dim=-1).argsort())]
 
     def adapt(got, expected):
         if type(got).__module__ == "torch.return_types":  # what sort() and topk() return

@@ -83,7 +83,7 @@ def test_online_logsumexp(accepts, rejects):
     rejects(check_online_logsumexp, lambda x, chunk: online_logsumexp(x, chunk).numpy(),
             "return a torch.Tensor (dtype torch.float64), got ndarray")
     rejects(check_online_logsumexp, lambda x, chunk: online_logsumexp(x, chunk).float(),
-            "return dtype torch.float64, got torch.float32")
+            "compute, and return, in the dtype of x (float64 here)")
 
     def in_place(x, chunk):
         x[x == float("-inf")] = -1e30  # "fixes" the masked entries of the caller's tensor
@@ -93,15 +93,15 @@ def test_online_logsumexp(accepts, rejects):
     def nan_for_masked_rows(x, chunk):
         m = x.amax(-1, keepdim=True)
         return (m + torch.log(torch.exp(x - m).sum(-1, keepdim=True))).squeeze(-1)
-    rejects(check_online_logsumexp, nan_for_masked_rows, "NaN")
+    rejects(check_online_logsumexp, nan_for_masked_rows, "a row that is all -inf gives -inf - (-inf) = NaN")
 
     def off_by_one(x, chunk):  # the running sum starts at 1 instead of 0
         return online_logsumexp(torch.cat((x, torch.zeros_like(x[..., :1])), dim=-1), chunk)
-    rejects(check_online_logsumexp, off_by_one, "values differ from the reference")
+    rejects(check_online_logsumexp, off_by_one, "the running sum starts at 1")
 
     def float32_inside(x, chunk):  # right to float32 rounding only: the float64 cases need 1e-10
         return online_logsumexp(x.float(), chunk).to(x.dtype)
-    rejects(check_online_logsumexp, float32_inside, "values differ from the reference")
+    rejects(check_online_logsumexp, float32_inside, "right to float32 rounding only")
 
     # right values, but the whole row is read at once
     rejects(check_online_logsumexp, lambda x, chunk: torch.logsumexp(x, dim=-1),
@@ -210,10 +210,10 @@ def test_skipped_blocks(accepts, rejects):
             lambda T, bq, bk: sum(1 for i0 in range(0, T, bq) for j0 in range(0, T, bk) if min(j0 + bk, T) - 1 <= i0),
             "wholly below the diagonal")
     rejects(check_skipped_blocks, lambda T, bq, bk: (T // bq) * (T // bq - 1) // 2,  # square tiles, T a multiple
-            "✗ skipped_blocks: on T=100, block_q=32, block_k=32")
+            "which holds only for square tiles with T a multiple of the block")
     rejects(check_skipped_blocks,
             lambda T, bq, bk: sum(1 for i0 in range(0, T, bq) for j0 in range(0, T, bk) if j0 > i0 + bq),
-            "✗ skipped_blocks: on T=256")  # off by one: j0 >= i0 + bq is already in the future
+            "off by one")  # j0 >= i0 + bq is already in the future
 
 
 def only_divisible(q, k, v, bq, bk):  # the last, shorter query block is left at zero
@@ -276,7 +276,7 @@ def test_causal_flash_attention(accepts, rejects):
     rejects(check_causal_flash_attention,
             lambda q, k, v, bq, bk: F.scaled_dot_product_attention(q, k, v, attn_mask=T_mask(q)),
             "the mask points the wrong way")
-    rejects(check_causal_flash_attention, only_divisible, "on B=2, H=1, T=37, D=4, blocks 16x5 (T not a multiple)")
+    rejects(check_causal_flash_attention, only_divisible, "the last, shorter query block is missing")
 
     def scales_q_in_place(q, k, v, bq, bk):
         q /= 1.0 + 1e-3
@@ -292,7 +292,7 @@ def test_causal_flash_attention(accepts, rejects):
         mask = torch.ones(T, T, dtype=torch.bool).tril(-1)
         mask[0, 0] = True
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    rejects(check_causal_flash_attention, strict_past, "values differ from the reference")
+    rejects(check_causal_flash_attention, strict_past, "a query must see itself")
 
     def strip_of_keys(q, k, v, bq, bk):  # skips the future, but holds all earlier keys of a block at once
         T, out = q.shape[-2], torch.empty_like(q)
@@ -375,7 +375,7 @@ def test_flash_dv(accepts, rejects):
     def only_whole_blocks(q, k, d_out, lse, bq, bk):
         T = q.shape[2] // bq * bq
         return flash_dv(q[:, :, :T], k, d_out[:, :, :T], lse, bq, bk)
-    rejects(check_flash_dv, only_whole_blocks, "on B=2, H=1, T=13, S=29, D=8, blocks 5x6 (neither a multiple)")
+    rejects(check_flash_dv, only_whole_blocks, "the last, shorter query block is left out")
 
     def zeroes_d_out_in_place(q, k, d_out, lse, bq, bk):
         d_v = flash_dv(q, k, d_out, lse, bq, bk)
@@ -455,3 +455,52 @@ def test_flash_dq_dk(accepts, rejects):
             return flash_dq_dk(q_i, k_j, v_j, d_out_i, out_i, lse_i)
         return tuple(torch.zeros_like(t) for t in (q_i, k_j))
     rejects(check_flash_dq_dk, right_on_one_tile_only, "differ from autograd's dQ and dK")
+
+
+def test_causal_flash_attention_names_the_tiling_mistakes(rejects):
+    """Written apart from the check's own bugs: a softmax per tile, and diagonal tiles left unmasked."""
+
+    def softmax_per_tile(q, k, v, bq, bk, average=False):
+        T, D = q.shape[-2], q.shape[-1]
+        out = torch.zeros_like(q)
+        for i0 in range(0, T, bq):
+            i1, n = min(i0 + bq, T), 0
+            for j0 in range(0, i1, bk):
+                j1 = min(j0 + bk, T)
+                s = torch.einsum("bhqd,bhkd->bhqk", q[:, :, i0:i1], k[:, :, j0:j1]) / math.sqrt(D)
+                s = torch.where(torch.arange(j0, j1) <= torch.arange(i0, i1)[:, None], s, -math.inf)
+                out[:, :, i0:i1] += torch.softmax(s, dim=-1) @ v[:, :, j0:j1]
+                n += 1
+            if average:
+                out[:, :, i0:i1] /= n
+        return out
+    for average in (False, True):
+        rejects(check_causal_flash_attention,
+                lambda q, k, v, bq, bk, average=average: softmax_per_tile(q, k, v, bq, bk, average),
+                "each tile is softmaxed on its own")
+
+    def no_mask_on_the_diagonal(q, k, v, bq, bk):  # skips the tiles above, masks nothing
+        T, D = q.shape[-2], q.shape[-1]
+        out = torch.empty_like(q)
+        for i0 in range(0, T, bq):
+            i1 = min(i0 + bq, T)
+            s = torch.cat([q[:, :, i0:i1] @ k[:, :, j0:min(j0 + bk, T)].transpose(-2, -1)
+                           for j0 in range(0, i1, bk)], dim=-1) / math.sqrt(D)  # (B, H, bq, keys up to the tile)
+            out[:, :, i0:i1] = torch.softmax(s, dim=-1) @ v[:, :, :s.shape[-1]]
+        return out
+    rejects(check_causal_flash_attention, no_mask_on_the_diagonal, "the tiles on the diagonal are not masked")
+
+
+def test_flash_dv_names_p_instead_of_its_transpose(rejects):
+    def p_times_d_out(q, k, d_out, lse, bq, bk):  # tile by tile, P_ij dO_i where P_ij^T dO_i belongs
+        d_v = torch.zeros(*k.shape[:3], d_out.shape[-1], dtype=q.dtype)
+        for j0 in range(0, k.shape[2], bk):
+            for i0 in range(0, q.shape[2], bq):
+                s = torch.einsum("bhtd,bhsd->bhts", q[:, :, i0:i0 + bq], k[:, :, j0:j0 + bk]) / q.shape[-1] ** 0.5
+                d_v[:, :, j0:j0 + bk] += torch.exp(s - lse[:, :, i0:i0 + bq, None]) @ d_out[:, :, i0:i0 + bq]
+        return d_v
+    rejects(check_flash_dv, p_times_d_out, "that is P @ dO; the gradient of the values is P^T @ dO")
+
+    def whole_p_times_d_out(q, k, d_out, lse, bq, bk):
+        return torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) - lse[..., None]) @ d_out
+    rejects(check_flash_dv, whole_p_times_d_out, "that is P @ dO")

@@ -918,6 +918,8 @@ mistakes("check_kv_cache_bytes", [
     (lambda n, B, H, L, D, b: n * B * H * L * D * b, "both the keys and the values"),
     (lambda n, B, H, L, D, b: 2 * B * H * L * D * b, "every layer caches"),
     (lambda n, B, H, L, D, b: 2 * n * B * H * L * D, "elements, not bytes"),
+    (lambda n, B, H, L, D, b: 2 * n * B * L * D * b, "the heads are missing"),
+    (lambda n, B, H, L, D, b: 2 * n * B * H * L * L * b, "grows with L * L"),
 ])
 
 
@@ -935,6 +937,9 @@ mistakes("check_kept_pairs", [_kept, _kept_closed], [
     (lambda T, w, d: w * T - w * (w - 1) // 2, "sliding-window count"),
     (lambda T, w, d: w * T - d * w * (w - 1) // 2, "assumes T >= (window-1)*dilation"),
     (lambda T, w, d: int(checks.lesson09.dilated_mask(T, w, d).sum()), "as much as a (T, T) mask"),
+    (lambda T, w, d: sum(min(w, t + 1) for t in range(T)), "the sliding window's count"),
+    (lambda T, w, d: sum(min(w, t // d) for t in range(T)), "off by one"),
+    (lambda T, w, d: T * T, "every pair"),
 ])
 
 
@@ -953,6 +958,8 @@ mistakes("check_global_window_mask", [
     (lambda T, w, g: _global(T, w + 1, g), "one too wide"),
     (lambda T, w, g: checks.lesson09.sliding_window_mask(T, w) | ((torch.arange(T)[:, None] < g) & causal_mask(T)),
      "global tokens are rows"),
+    (lambda T, w, g: checks.lesson09.sliding_window_mask(T, w), "the global tokens are missing"),
+    (lambda T, w, g: _global(T, w, g + 1), "one global token too many"),
 ])
 
 
@@ -982,6 +989,7 @@ mistakes("check_local_attention", [_local, _local_per_query], [
     (lambda q, k, v, w: scaled_dot_product_attention(q, k, v)[0], "the mask is missing"),
     (checks.lesson09._blocks_without_mask, "queries see later keys of their own block"),
     (lambda q, k, v, w: checks.lesson09._local_reference(q, k, v, w), "at least one full (T, T) score matrix"),
+    (lambda q, k, v, w: _local(q, k, v, max(w - 1, 1)), "one too narrow"),
 ])
 
 
@@ -1000,6 +1008,13 @@ mistakes("check_mean_pool", [
     (lambda h, m: (h * m[..., None]).sum(1) / h.shape[1], "divided by L"),
     (lambda h, m: F.normalize(_pool(h, m), dim=-1), "normalised to unit length"),
     (lambda h, m: (h * m[..., None]).sum(-1) / m.sum(-1, keepdim=True), "over the features"),
+    (lambda h, m: h[:, 0, :], "the [CLS] vector"),
+    (lambda h, m: h[:, 0].clone(), "the [CLS] vector"),
+    (lambda h, m: (h * m.unsqueeze(-1)).sum(1), "the sum over the real tokens"),
+    (lambda h, m: torch.stack([h[b][m[b]].max(0).values for b in range(len(h))]), "max pooling"),
+    (lambda h, m: h[m].mean(0, keepdim=True).expand(h.shape[0], -1), "mixes the sentences"),
+    (lambda h, m: (h * m[..., None]).sum(1) / m.sum(), "of the whole batch"),
+    (lambda h, m: h[:, -1], "the last position"),
 ])
 
 
@@ -1039,6 +1054,9 @@ mistakes("check_previous_token_score", [
     (lambda w: w.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1), "next token"),
     (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / w.shape[-1], "divided by T"),
     (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1)[:, 1:].mean(-1), "starts at i = 2"),
+    (lambda w: torch.stack([sum(w[h, i, i - 1] for i in range(1, w.shape[-1])) for h in range(w.shape[0])]),
+     "the sum over the queries"),
+    (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).max(-1).values, "the largest weight"),
 ])
 
 
@@ -1056,6 +1074,8 @@ mistakes("check_rank_by_cosine", [
      "not the similarities"),
     (lambda query, corpus: _rank(query, corpus).argsort(), "the rank of each row"),
     (lambda query, corpus: F.cosine_similarity(corpus, query[None], -1).sort(descending=True), "return its .indices"),
+    (lambda query, corpus: (corpus @ query).argsort(), "the dot product, least similar first"),
+    (lambda query, corpus: torch.cdist(corpus, query[None]).squeeze(-1).argsort(), "Euclidean distance"),
 ])
 
 
