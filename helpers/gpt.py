@@ -111,12 +111,18 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = nn.LayerNorm(config.d_model)  # Pre-LN leaves the last block's output unnormalised
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        # GPT-2's initialisation: N(0, 0.02) for every weight matrix and table, zero biases
+        # GPT-2's initialisation (Radford et al. 2019, section 2.3): N(0, 0.02) for every weight matrix and
+        # table, zero biases; the two projections that write into the residual stream in each block (attention's
+        # w_o, the feed-forward's linear2) get std 0.02 / sqrt(2 * n_layers), so the stream's variance does not
+        # grow with depth: 2 * n_layers such writes add up.
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
+        for block in self.blocks:
+            for writer in (block.attn.w_o, block.ff.linear2):
+                nn.init.normal_(writer.weight, std=0.02 / math.sqrt(2 * config.n_layers))
         if config.tie_weights:
             self.head.weight = self.embed.weight  # one (V, C) matrix reads tokens in and scores them out
 

@@ -325,3 +325,16 @@ def test_checkpoint_with_another_sha256_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path))
     with pytest.raises(DataFileError, match="sha256"):
         load_course_gpt()
+
+
+def test_residual_writers_get_gpt2_scaled_initialisation():
+    """w_o and linear2 of every block start at std 0.02 / sqrt(2 * n_layers); the other matrices at 0.02."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50, d_model=256, n_heads=4, n_layers=8, d_ff=1024, max_len=16)
+    model = GPT(config)
+    scaled = 0.02 / math.sqrt(2 * config.n_layers)
+    for block in model.blocks:
+        for writer in (block.attn.w_o, block.ff.linear2):
+            assert abs(writer.weight.std().item() - scaled) < 0.1 * scaled
+        for reader in (block.attn.w_q, block.ff.linear1):
+            assert abs(reader.weight.std().item() - 0.02) < 0.002
