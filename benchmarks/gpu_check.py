@@ -60,7 +60,7 @@ def plan(python: str = sys.executable, root: Path = ROOT) -> list[dict]:
     xdist = ["-n", "4"] if importlib.util.find_spec("xdist") is not None else []
     tests = [t for t in GPU_TESTS if (root / t).exists()]
     return [
-        dict(name="tests", what="the unit tests that use CUDA (COURSE_DEVICE=cuda)", timeout_s=150, env=cuda,
+        dict(name="tests", what="the unit tests that use CUDA (COURSE_DEVICE=cuda)", timeout_s=240, env=cuda,
              command=[python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *xdist, *tests]),
         dict(name="lessons", what="lessons 09, 10, 12 (13 once written) on the GPU, lax nbval", timeout_s=240,
              env=cuda, command=[python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",

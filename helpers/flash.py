@@ -270,8 +270,14 @@ def triton_flash_attention_backward(q, k, v, out, lse, grad_out, causal: bool = 
 
     The inputs of ``flash_attention_backward`` (lse as ``flash_attention_forward`` returns it), no
     mask or causal; the same devices, dtypes and sizes as ``triton_flash_attention``. Its speed on
-    a GPU has not been measured yet.
+    an H100 is in benchmarks/results/flash_cs336_cuda.md (forward + backward against SDPA's kernels).
+
+    Without ``block_q``, heads wider than 64 get 64-query blocks: on an H100 (2026-11-27) the
+    forward's 128 x 64 tiles at D = 128 asked the dK/dV kernel for 247,808 bytes of shared memory,
+    more than the 232,448 the GPU has per block, and Triton refused to launch it.
     """
+    if block_q is None and isinstance(q, torch.Tensor) and q.dim() == 4 and q.shape[-1] > 64:
+        block_q = min(64, triton_block_sizes(q.device)[0])  # a wide head: half the tile, so it fits on chip
     block_q, block_k, num_warps = _triton_setup(q, k, v, causal, block_q, block_k, num_warps)
     _check_saved(q, v, out, lse, grad_out)
     import triton
