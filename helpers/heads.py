@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import as_int, positive_int, positive_ints, require_tensor, shape_str
+from helpers._validate import as_int, positive_ints, require_tensor, shape_str
 from helpers.attention import MultiHeadAttention
 from helpers.masks import causal_mask
 from helpers.positional import LearnedPositionalEmbedding
@@ -72,7 +72,7 @@ class AttentionOnly(nn.Module):
         self.norm = nn.LayerNorm(C)
         self.unembed = nn.Linear(C, config.vocab_size, bias=False)
         if config.init_std is not None:
-            for name, p in self.named_parameters():
+            for p in self.parameters():
                 if p.dim() == 2:  # every matrix; biases and norms keep their defaults
                     nn.init.normal_(p, std=config.init_std)
 
@@ -92,7 +92,7 @@ class AttentionOnly(nn.Module):
 
 def repeated_tokens(batch: int, length: int, vocab_size: int, min_period: int, max_period: int,
                     generator: torch.Generator | None = None):
-    """``batch`` sequences of ``length`` tokens that repeat a random block; returns (ids (B, T), periods (B,)) (lesson 13).
+    """``batch`` sequences of ``length`` tokens repeating a random block: (ids (B, T), periods (B,)) (lesson 13).
 
     Each sequence draws a period p in [min_period, max_period] and p distinct tokens, then repeats
     them: ids[b, t] = ids[b, t - p]. Only copying from context predicts a token at position >= p.
@@ -229,8 +229,13 @@ def attention_weights(model: nn.Module, *inputs, **kwargs) -> list[torch.Tensor]
 
 def copy_accuracy(model: nn.Module, ids: torch.Tensor, periods: torch.Tensor, ablate=(), mode: str = "zero"):
     """Accuracy on the first and the second copy (queries i < p - 1, and i >= p) of ``repeated_tokens`` (lesson 13)."""
-    with torch.no_grad(), probe_heads(model, ablate, mode):
-        right = model(ids[:, :-1]).argmax(-1) == ids[:, 1:]  # (B, T-1)
+    with torch.no_grad():
+        if ablate:
+            with probe_heads(model, ablate, mode):
+                logits = model(ids[:, :-1])  # (B, T-1, V)
+        else:
+            logits = model(ids[:, :-1])
+    right = logits.argmax(-1) == ids[:, 1:]  # (B, T-1): position i predicts token i + 1
     i = torch.arange(ids.shape[1] - 1, device=ids.device)  # (T-1,): query positions
     first = i[None, :] < periods[:, None] - 1  # (B, T-1)
     second = i[None, :] >= periods[:, None]
@@ -270,9 +275,10 @@ def train_copying(config: AttentionOnlyConfig, steps: int, *, batch: int = 32, l
             first, second = copy_accuracy(model, *eval_ids)
             losses = position_losses(model, eval_ids[0])  # (T-1,)
             q = losses.shape[0] // 4
-            for key, value in zip(history, (step, None, first, second, (losses[-q:].mean() - losses[:q].mean()).item())):
-                if key != "loss":
-                    history[key].append(value)
+            history["step"].append(step)
+            history["first"].append(first)
+            history["second"].append(second)
+            history["icl"].append((losses[-q:].mean() - losses[:q].mean()).item())
             model.train()
         if step == steps:
             break
