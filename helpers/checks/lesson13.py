@@ -7,7 +7,7 @@ import torch
 from helpers.checks._core import Bug, Case, CheckResult, check
 from helpers.masks import causal_mask
 
-__all__ = ["check_previous_token_score", "check_induction_score", "check_zero_head_hook", "check_most_harmful_head"]
+__all__ = ["check_previous_token_score", "check_induction_score", "check_zero_head_hook", "check_ablation_table"]
 
 
 def _weights(seed: int, *shape, causal: bool = True) -> torch.Tensor:
@@ -119,11 +119,11 @@ def check_zero_head_hook(make_hook) -> CheckResult:
     cases.append(Case("MultiHeadAttention(24, 3), head 1", (_mha(9, 24, 3), torch.randn(1, 6, 24, generator=g), 1)))
 
     def run(mha, x, head):
-        if not callable(make_hook):
-            return make_hook
         hook = make_hook(head, mha.head_dim)
         if hook is None:
             return None
+        if not callable(hook):
+            raise TypeError(f"zero_head_hook must return a hook function, got {type(hook).__name__}")
         return _hooked_out(lambda h, d: hook, mha, x, head)
 
     def ref(mha, x, head):
@@ -154,37 +154,57 @@ def check_zero_head_hook(make_hook) -> CheckResult:
                 bug(_slice_bug(others))),
             Bug("that silences head h + 1: heads are numbered from 0, so head h starts at column h*D",
                 bug(_slice_bug(next_head)))]
-    return check("zero_head_hook", run, ref, cases, bugs=bugs, atol=1e-6, layouts=False)
+    return check("zero_head_hook", run if callable(make_hook) else make_hook, ref, cases, bugs=bugs, atol=1e-6,
+                 layouts=False)
 
 
-def check_most_harmful_head(predicted, model, ids, periods) -> CheckResult:
-    """Compare a predicted (layer, head) with the single head whose zero ablation lowers second-copy accuracy most
-    (lesson 13)."""
+def _lively_model(seed: int, n_heads: int):
+    from helpers.heads import AttentionOnly, AttentionOnlyConfig
+
+    torch.manual_seed(seed)
+    model = AttentionOnly(AttentionOnlyConfig(10, 16, n_heads, 2, 14)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))  # heads that matter unequally, without training
+    return model
+
+
+def _table(model, ids, periods, which=1, cumulative=False):
     from helpers.heads import attention_modules, copy_accuracy
 
-    name = "most_harmful_head"
-    if predicted is None or predicted is ...:
-        print(f"… {name}: write your prediction first: a (layer, head) pair in place of None")
-        return CheckResult(False)
     modules = attention_modules(model)
-    pairs = [(layer, head) for layer, m in enumerate(modules) for head in range(m.n_heads)]
-    if not (isinstance(predicted, (tuple, list)) and len(predicted) == 2 and tuple(predicted) in pairs):
-        print(f"✗ {name}: write a (layer, head) pair of numbers from 0, such as (0, 2); got {predicted!r}")
-        return CheckResult(False)
-    predicted = tuple(int(v) for v in predicted)
-    after = {pair: copy_accuracy(model, ids, periods, ablate=[pair])[1] for pair in pairs}
-    worst = min(after, key=after.get)
-    if predicted == worst:
-        print(f"✓ {name}: ablating head {worst} drops second-copy accuracy to {after[worst]:.2f}, the lowest "
-              "of any single head")
-        return CheckResult(True)
-    if predicted[0] == len(modules) - 1 and worst[0] < predicted[0]:
-        reason = ("the last layer's induction heads share the work, so silencing one leaves the others; "
-                  "the first layer's previous-token heads are fewer, and every induction head needs them")
-    elif predicted[0] == worst[0]:
-        reason = "right layer; pick the head with the highest previous-token score"
-    else:
-        reason = "compare each head's scores: which role do the fewest heads carry?"
-    print(f"✗ {name}: ablating head {predicted} leaves second-copy accuracy at {after[predicted]:.2f}; head {worst} "
-          f"drops it to {after[worst]:.2f}: {reason}")
-    return CheckResult(False)
+    out = torch.zeros(len(modules), modules[0].n_heads)  # (L, H)
+    for layer, m in enumerate(modules):
+        for head in range(m.n_heads):
+            heads = [(layer, h) for h in range(head + 1)] if cumulative else [(layer, head)]
+            out[layer, head] = copy_accuracy(model, ids, periods, ablate=heads)[which]
+    return out
+
+
+def _ablation_table_ref(model, ids, periods):
+    return _table(model, ids, periods)
+
+
+def check_ablation_table(fn) -> CheckResult:
+    """Check ``ablation_table(model, ids, periods) -> (L, H)``: accuracy left with each head zeroed (lesson 13)."""
+    from helpers.heads import repeated_tokens
+
+    cases = []
+    for seed, n_heads in ((0, 2), (1, 4), (2, 4)):
+        ids, periods = repeated_tokens(64, 14, 10, 3, 6, generator=torch.Generator().manual_seed(seed))
+        cases.append(Case(f"a 2-layer model with {n_heads} heads per layer (seed {seed})",
+                          (_lively_model(seed, n_heads), ids, periods)))
+
+    def baseline_minus(model, ids, periods):
+        from helpers.heads import copy_accuracy
+
+        return copy_accuracy(model, ids, periods)[1] - _table(model, ids, periods)
+
+    bugs = [Bug("that is the first copy's accuracy: the second copy (copy_accuracy(...)[1]) is where copying counts",
+                lambda m, i, p: _table(m, i, p, which=0)),
+            Bug("the heads were ablated cumulatively (heads 0..h together): ablate one head at a time",
+                lambda m, i, p: _table(m, i, p, cumulative=True)),
+            Bug("that is the drop in accuracy; the table holds the accuracy left after each ablation",
+                baseline_minus),
+            Bug("rows must be layers and columns heads: (L, H), not (H, L)", lambda m, i, p: _table(m, i, p).T)]
+    return check("ablation_table", fn, _ablation_table_ref, cases, bugs=bugs, layouts=False, atol=1e-6)

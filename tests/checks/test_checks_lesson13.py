@@ -1,15 +1,14 @@
 """Lesson 13's checks: right answers pass, stubs say so, the likely mistakes are named, no traceback escapes."""
 
-import pytest
 import torch
 
 from helpers.checks import (
+    check_ablation_table,
     check_induction_score,
-    check_most_harmful_head,
     check_previous_token_score,
     check_zero_head_hook,
 )
-from helpers.heads import AttentionOnlyConfig, copy_accuracy, repeated_tokens
+from helpers.heads import attention_modules, copy_accuracy
 
 
 def previous_token_score(weights):
@@ -105,29 +104,32 @@ def test_zero_head_hook(accepts, rejects):
     rejects(check_zero_head_hook, lambda h, d: "not a hook", "✗")
 
 
-@pytest.fixture(scope="module")
-def trained():
-    """A small 2-layer model after a short training: cheap, and its heads already differ."""
-    from helpers.heads import train_copying
-
-    cfg = AttentionOnlyConfig(12, 16, 2, 2, 16)
-    model, _ = train_copying(cfg, 120, batch=16, lr=3e-3, periods=(3, 8), progress=False, eval_every=120)
-    ids, periods = repeated_tokens(128, 16, 12, 3, 8, generator=torch.Generator().manual_seed(3))
-    return model.eval(), ids, periods
+def ablation_table(model, ids, periods):
+    modules = attention_modules(model)
+    table = torch.zeros(len(modules), modules[0].n_heads)
+    for layer, attn in enumerate(modules):
+        for head in range(attn.n_heads):
+            table[layer, head] = copy_accuracy(model, ids, periods, ablate=[(layer, head)])[1]
+    return table
 
 
-def test_most_harmful_head(trained, accepts, rejects):
-    model, ids, periods = trained
-    after = {(layer, head): copy_accuracy(model, ids, periods, ablate=[(layer, head)])[1]
-             for layer in range(2) for head in range(2)}
-    worst = min(after, key=after.get)
-    accepts(lambda p: check_most_harmful_head(p, model, ids, periods), worst)
-    rejects(lambda p: check_most_harmful_head(p, model, ids, periods), None, "write your prediction first")
-    rejects(lambda p: check_most_harmful_head(p, model, ids, periods), (2, 0), "(layer, head) pair")
-    rejects(lambda p: check_most_harmful_head(p, model, ids, periods), 3, "(layer, head) pair")
-    other_layer = next(pair for pair in after if pair[0] != worst[0])
-    same_layer = next(pair for pair in after if pair[0] == worst[0] and pair != worst)
-    rejects(lambda p: check_most_harmful_head(p, model, ids, periods), same_layer, "right layer")
-    line = rejects(lambda p: check_most_harmful_head(p, model, ids, periods), other_layer, "✗")
-    if worst[0] == 0:
-        assert "share the work" in line
+def test_ablation_table(accepts, rejects):
+    accepts(check_ablation_table, ablation_table, "✓ ablation_table: matches the reference on all 3 cases")
+    rejects(check_ablation_table, lambda m, i, p: None, "not implemented yet")
+
+    def first_copy(model, ids, periods):
+        modules = attention_modules(model)
+        return torch.tensor([[copy_accuracy(model, ids, periods, ablate=[(layer, head)])[0]
+                              for head in range(attn.n_heads)] for layer, attn in enumerate(modules)])
+
+    def cumulative(model, ids, periods):
+        modules = attention_modules(model)
+        return torch.tensor([[copy_accuracy(model, ids, periods, ablate=[(layer, h) for h in range(head + 1)])[1]
+                              for head in range(attn.n_heads)] for layer, attn in enumerate(modules)])
+
+    rejects(check_ablation_table, first_copy, "first copy")
+    rejects(check_ablation_table, cumulative, "cumulatively")
+    rejects(check_ablation_table, lambda m, i, p: copy_accuracy(m, i, p)[1] - ablation_table(m, i, p), "drop")
+    rejects(check_ablation_table, lambda m, i, p: ablation_table(m, i, p).T, "(L, H), not (H, L)")
+    rejects(check_ablation_table, lambda m, i, p: ablation_table(m, i, p).double(), "dtype")
+    rejects(check_ablation_table, lambda m, i, p: torch.zeros(2, 2), "✗")
