@@ -10,7 +10,7 @@ forward hooks on the existing modules, so the models themselves are unchanged.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -227,6 +227,14 @@ def attention_weights(model: nn.Module, *inputs, **kwargs) -> list[torch.Tensor]
     return weights
 
 
+def _split_copies(right: torch.Tensor, periods: torch.Tensor):
+    """Mean of ``right`` (B, T-1) over the first copy (queries i < p - 1) and the second (i >= p)."""
+    i = torch.arange(right.shape[1], device=right.device)  # (T-1,): query positions
+    first = i[None, :] < periods[:, None] - 1  # (B, T-1)
+    second = i[None, :] >= periods[:, None]
+    return right[first].float().mean().item(), right[second].float().mean().item()
+
+
 def copy_accuracy(model: nn.Module, ids: torch.Tensor, periods: torch.Tensor, ablate=(), mode: str = "zero"):
     """Accuracy on the first and the second copy (queries i < p - 1, and i >= p) of ``repeated_tokens`` (lesson 13)."""
     with torch.no_grad():
@@ -235,19 +243,14 @@ def copy_accuracy(model: nn.Module, ids: torch.Tensor, periods: torch.Tensor, ab
                 logits = model(ids[:, :-1])  # (B, T-1, V)
         else:
             logits = model(ids[:, :-1])
-    right = logits.argmax(-1) == ids[:, 1:]  # (B, T-1): position i predicts token i + 1
-    i = torch.arange(ids.shape[1] - 1, device=ids.device)  # (T-1,): query positions
-    first = i[None, :] < periods[:, None] - 1  # (B, T-1)
-    second = i[None, :] >= periods[:, None]
-    return right[first].float().mean().item(), right[second].float().mean().item()
+    return _split_copies(logits.argmax(-1) == ids[:, 1:], periods)  # position i predicts token i + 1
 
 
 def position_losses(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy (nats) at each query position of ``ids`` (B, T): (T - 1,) (lesson 13)."""
     with torch.no_grad():
         logits = model(ids[:, :-1])  # (B, T-1, V)
-    loss = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
-    return loss.mean(0)
+    return F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none").mean(0)  # (B, T-1) -> (T-1,)
 
 
 def train_copying(config: AttentionOnlyConfig, steps: int, *, batch: int = 32, lr: float = 1e-3,
@@ -259,34 +262,43 @@ def train_copying(config: AttentionOnlyConfig, steps: int, *, batch: int = 32, l
     first and second copies of ``eval_ids`` ((ids, periods), drawn once when None) and the
     in-context-learning score: the mean loss at the last quarter of positions minus the first quarter.
     """
-    from tqdm.auto import tqdm
+    from helpers.device import cpu_threads
+    from helpers.train import _progress
 
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     T = config.max_len
     if eval_ids is None:
-        eval_ids = repeated_tokens(256, T, config.vocab_size, *periods, generator=torch.Generator().manual_seed(10_000))
+        eval_ids = repeated_tokens(128, T, config.vocab_size, *periods, generator=torch.Generator().manual_seed(10_000))
     model = AttentionOnly(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     history = {"step": [], "loss": [], "first": [], "second": [], "icl": []}
-    for step in tqdm(range(steps + 1), desc=f"{config.n_layers} layer(s), seed {seed}", disable=not progress):
-        if step % eval_every == 0:
-            model.eval()
-            first, second = copy_accuracy(model, *eval_ids)
-            losses = position_losses(model, eval_ids[0])  # (T-1,)
-            q = losses.shape[0] // 4
-            history["step"].append(step)
-            history["first"].append(first)
-            history["second"].append(second)
-            history["icl"].append((losses[-q:].mean() - losses[:q].mean()).item())
-            model.train()
-        if step == steps:
-            break
-        ids, _ = repeated_tokens(batch, T, config.vocab_size, *periods, generator=g)
-        loss = F.cross_entropy(model(ids[:, :-1]).transpose(1, 2), ids[:, 1:])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % eval_every == 0:
-            history["loss"].append(loss.item())
+    bar = _progress(steps, f"{config.n_layers} layer{'s' if config.n_layers > 1 else ''}, seed {seed}") \
+        if progress else nullcontext()
+    with cpu_threads(), bar:
+        for step in range(steps + 1):
+            if step % eval_every == 0 or step == steps:
+                model.eval()
+                with torch.no_grad():
+                    logits = model(eval_ids[0][:, :-1])  # (B, T-1, V)
+                first, second = _split_copies(logits.argmax(-1) == eval_ids[0][:, 1:], eval_ids[1])
+                losses = F.cross_entropy(logits.transpose(1, 2), eval_ids[0][:, 1:], reduction="none").mean(0)
+                q = losses.shape[0] // 4
+                history["step"].append(step)
+                history["first"].append(first)
+                history["second"].append(second)
+                history["icl"].append((losses[-q:].mean() - losses[:q].mean()).item())
+                model.train()
+            if step == steps:
+                break
+            ids, _ = repeated_tokens(batch, T, config.vocab_size, *periods, generator=g)  # (B, T)
+            loss = F.cross_entropy(model(ids[:, :-1]).transpose(1, 2), ids[:, 1:])  # (B, V, T-1) vs (B, T-1)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if step % eval_every == 0:
+                history["loss"].append(loss.item())
+            if progress:
+                bar.update(1)
+    model.eval()
     return model, history
