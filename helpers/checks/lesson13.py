@@ -7,7 +7,8 @@ import torch
 from helpers.checks._core import Bug, Case, CheckResult, check
 from helpers.masks import causal_mask
 
-__all__ = ["check_previous_token_score", "check_induction_score", "check_zero_head_hook", "check_ablation_table"]
+__all__ = ["check_batched_previous_token_score", "check_induction_score", "check_zero_head_hook",
+           "check_ablation_table"]
 
 
 def _weights(seed: int, *shape, causal: bool = True) -> torch.Tensor:
@@ -30,8 +31,8 @@ def _batched(w):
     return w if w.dim() == 4 else w[None]
 
 
-def check_previous_token_score(fn) -> CheckResult:
-    """Check ``previous_token_score(weights (B, H, T, T) or (H, T, T)) -> (H,)`` (lesson 13)."""
+def check_batched_previous_token_score(fn) -> CheckResult:
+    """Check ``previous_token_score(weights (B, H, T, T) or (H, T, T)) -> (H,)``, batched (lesson 13)."""
     cases = [Case("weights (2, 3, 6, 6)", (_weights(0, 2, 3, 6, 6),)),
              Case("weights (4, 4, 10, 10)", (_weights(1, 4, 4, 10, 10),)),
              Case("weights (3, 5, 5) with no batch axis", (_weights(2, 3, 5, 5),)),
@@ -43,7 +44,9 @@ def check_previous_token_score(fn) -> CheckResult:
             Bug("query 0 was counted with a weight of 0: it has no previous token, so average over queries 1..T-1 "
                 "only", lambda w: _batched(w).diagonal(-1, -2, -1).sum(-1).mean(0) / w.shape[-1]),
             Bug("that is a sum over the queries; the score is the mean over queries 1..T-1 and the batch",
-                lambda w: _batched(w).diagonal(-1, -2, -1).sum(-1).mean(0))]
+                lambda w: _batched(w).diagonal(-1, -2, -1).sum(-1).mean(0)),
+            Bug("the batch axis is still there: average over the batch too, for one score per head",
+                lambda w: w.diagonal(-1, -2, -1).mean(-1))]
     return check("previous_token_score", fn, _prev_ref, cases, bugs=bugs, atol=1e-6)
 
 

@@ -4,8 +4,8 @@ import torch
 
 from helpers.checks import (
     check_ablation_table,
+    check_batched_previous_token_score,
     check_induction_score,
-    check_previous_token_score,
     check_zero_head_hook,
 )
 from helpers.heads import attention_modules, copy_accuracy
@@ -17,20 +17,24 @@ def previous_token_score(weights):
     return torch.stack([w[:, :, i, i - 1] for i in range(1, T)], dim=-1).mean(dim=(0, 2))
 
 
+CHECK_PREV = check_batched_previous_token_score
+
+
 def test_previous_token_score(accepts, rejects):
-    accepts(check_previous_token_score, previous_token_score,
+    accepts(check_batched_previous_token_score, previous_token_score,
             "✓ previous_token_score: matches the reference on all 4 cases")
-    rejects(check_previous_token_score, lambda w: None, "not implemented yet")
-    rejects(check_previous_token_score, lambda w: (w if w.dim() == 4 else w[None]).diagonal(0, -2, -1).mean((0, 2)),
+    rejects(CHECK_PREV, lambda w: None, "not implemented yet")
+    rejects(CHECK_PREV, lambda w: (w if w.dim() == 4 else w[None]).diagonal(0, -2, -1).mean((0, 2)),
             "main diagonal")
-    rejects(check_previous_token_score, lambda w: (w if w.dim() == 4 else w[None]).diagonal(1, -2, -1).mean((0, 2)),
+    rejects(CHECK_PREV, lambda w: (w if w.dim() == 4 else w[None]).diagonal(1, -2, -1).mean((0, 2)),
             "the future")
-    rejects(check_previous_token_score,
+    rejects(CHECK_PREV,
             lambda w: (w if w.dim() == 4 else w[None]).diagonal(-1, -2, -1).sum(-1).mean(0) / w.shape[-1],
             "queries 1..T-1")
-    rejects(check_previous_token_score, lambda w: previous_token_score(w) * (w.shape[-1] - 1), "sum over the queries")
-    rejects(check_previous_token_score, lambda w: previous_token_score(w).mean(), "shape")
-    rejects(check_previous_token_score, lambda w: 1 / 0, "ZeroDivisionError")
+    rejects(CHECK_PREV, lambda w: previous_token_score(w) * (w.shape[-1] - 1), "sum over the queries")
+    rejects(CHECK_PREV, lambda w: previous_token_score(w).mean(), "shape")
+    rejects(CHECK_PREV, lambda w: w.diagonal(-1, -2, -1).mean(-1), "average over the batch")
+    rejects(CHECK_PREV, lambda w: 1 / 0, "ZeroDivisionError")
 
 
 def induction_score(weights, period):
