@@ -871,3 +871,62 @@ def gpt_diagram(config, T=None):
             "earlier K, V\nfrom the caches", ha="center", va="center", fontsize=SMALL)
     _fit_height(fig, ax, y + 1.85)
     return fig
+
+
+# --- 13: the induction circuit -------------------------------------------------------------------
+
+__all__ += ["induction_circuit_diagram"]
+
+
+def induction_circuit_diagram(config, tokens=None, prev_head=None, induction_head=None):
+    """The two-layer induction circuit on a repeated sequence: a previous-token head, then K-composition (lesson 13).
+
+    ``config`` gives d_model and n_heads (an ``AttentionOnlyConfig``, or any object with them);
+    ``tokens``: the sequence drawn (default ``A B C D A B C``: the block repeats, the last token is
+    the current one); ``prev_head`` and ``induction_head``: the head numbers to name (0-based), if found.
+    """
+    sz = _sizes(config, d_model=None, n_heads=None)
+    C, H, D = sz["d_model"], sz["n_heads"], sz["D"]
+    tokens = ["A", "B", "C", "D", "A", "B", "C"] if tokens is None else [str(t) for t in tokens]
+    T = len(tokens)
+    if not 3 <= T <= 12:
+        raise ValueError(f"tokens has {T} entries; the diagram draws 3 to 12")
+    now = tokens[-1]
+    earlier = [j for j in range(T - 2) if tokens[j] == now]
+    if not earlier:
+        raise ValueError(f"the last token {now!r} must occur earlier, with a token after it, for an induction head "
+                         "to have something to find")
+    j = earlier[-1]
+    nxt = tokens[j + 1]
+    for name, h in (("prev_head", prev_head), ("induction_head", induction_head)):
+        if h is not None and not (isinstance(h, (int, np.integer)) and 0 <= h < H):
+            raise ValueError(f"{name} must be a head number 0..{H - 1}, got {h!r}")
+    ph = "a previous-token head" if prev_head is None else f"previous-token head (layer 1, head {prev_head})"
+    ih = "an induction head" if induction_head is None else f"induction head (layer 2, head {induction_head})"
+    fig, ax = canvas(9.0, 5.6, f"the induction circuit: 2 attention layers, C = {C}, H = {H} heads of D = {D}")
+    xs = token_row(ax, tokens, 1.0, 0.7, 7.2, role="other", max_w=0.85)
+    ax.text(0.1, 0.7, "tokens", ha="left", va="center", fontsize=SMALL)
+    # layer 1: every position copies the token before it into its own residual stream
+    y1 = 2.0
+    ax.text(0.1, y1, "layer 1", ha="left", va="center", fontsize=SMALL, weight="bold")
+    for i in range(1, T):
+        arrow(ax, (xs[i - 1], 0.9), (xs[i], y1 - 0.2), role="value", lw=1.0, alpha=0.35 if i != j + 1 else 1.0)
+    box(ax, xs[j + 1], y1, 0.95, 0.42, f"{nxt}\nafter {tokens[j]}", role="value", fontsize=SMALL)
+    ax.text(xs[j + 1] + 0.55, y1 - 0.05, f"{ph}: each position\nwrites \"the token before me\"",
+            ha="left", va="center", fontsize=SMALL)
+    # layer 2: the current token's query meets the key written by layer 1 (K-composition)
+    y2 = 3.6
+    ax.text(0.1, y2, "layer 2", ha="left", va="center", fontsize=SMALL, weight="bold")
+    box(ax, xs[-1], y2, 1.0, 0.42, f"query: {now}", role="query", fontsize=SMALL)
+    box(ax, xs[j + 1], y2, 1.25, 0.42, f"key: after {tokens[j]}", role="key", fontsize=SMALL)
+    arrow(ax, (xs[j + 1], y1 + 0.22), (xs[j + 1], y2 - 0.22), role="key", text="K-composition",
+          text_offset=(0.7, -0.05))
+    arrow(ax, (xs[-1], 0.9), (xs[-1], y2 - 0.22), role="query", lw=1.0)
+    arrow(ax, (xs[-1] - 0.5, y2 + 0.08), (xs[j + 1] + 0.64, y2 + 0.08), role="weights", lw=2.0,
+          connectionstyle="arc3,rad=0.25", text=f"{ih} attends here", text_offset=(0.0, 0.25))
+    box(ax, xs[-1], y2 + 1.1, 1.25, 0.42, f"predict {nxt}", role="value", fontsize=SMALL)
+    arrow(ax, (xs[j + 1], y2 + 0.22), (xs[-1] - 0.65, y2 + 1.1), role="value", text=f"copies {nxt}",
+          text_offset=(-0.6, 0.05), connectionstyle="arc3,rad=-0.15")
+    legend(ax, 0.3, 5.05, [("query", "query"), ("key", "key"), ("value", "value / copied token"),
+                           ("weights", "attention")])
+    return fig

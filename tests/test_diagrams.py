@@ -86,6 +86,11 @@ CASES = [
      ["C = 64", "D = 16", "2 blocks", "(70, 64)", "(64, 64)", "block 2", "(B, 4, 64, 16)", "tied"]),
     (diagrams.gpt_diagram, dict(config=GPTConfig(50, 96, 6, 5, 384, 32, n_kv_heads=2), T=20),
      ["H = 6", "5 blocks", "T = 20", "blocks 2 to 4", "block 5", "(B, 2, 32, 16)", "96 -> 384 -> 96"]),
+    (diagrams.induction_circuit_diagram, dict(config=GPTConfig(70, 64, 4, 2, 256, 64), prev_head=2,
+                                              induction_head=0),
+     ["C = 64", "H = 4 heads of D = 16", "layer 1, head 2", "layer 2, head 0", "predict D", "key: after C"]),
+    (diagrams.induction_circuit_diagram, dict(config=GPTConfig(9, 24, 3, 1, 8, 8), tokens=list("xqzkxq")),
+     ["C = 24", "D = 8", "predict z", "query: q", "K-composition"]),
 ]
 
 
@@ -104,7 +109,7 @@ def test_diagram_draws_and_labels_its_sizes(fn, kwargs, expected):
 
 def test_every_diagram_is_tested_at_two_sizes():
     names = [n for n in diagrams.__all__ if n.endswith("_diagram")]
-    assert len(names) == 13
+    assert len(names) == 14
     counts = {n: sum(fn.__name__ == n for fn, _, _ in CASES) for n in names}
     assert all(c >= 2 for c in counts.values()), counts
 

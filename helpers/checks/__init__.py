@@ -19,3 +19,4 @@ from helpers.checks.lesson09 import *  # noqa: F403
 from helpers.checks.lesson10 import *  # noqa: F403
 from helpers.checks.lesson11 import *  # noqa: F403
 from helpers.checks.lesson12 import *  # noqa: F403
+from helpers.checks.lesson13 import *  # noqa: F403

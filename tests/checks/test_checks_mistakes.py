@@ -2,7 +2,7 @@
 is rejected with its own message (the words listed with it), not with a generic "values differ".
 
 The table also measures the share of generic rejections over all its wrong answers (at most 10%).
-Lesson 10's checks have their own tests (tests/checks/test_checks_lesson10.py); lesson 12's are here too.
+Lesson 10's checks have their own tests (tests/checks/test_checks_lesson10.py); lessons 12 and 13's are here too.
 """
 
 import math
@@ -15,6 +15,10 @@ from test_checks_lesson12 import bits_per_char_of as _bpc
 from test_checks_lesson12 import cached_step as _cached_step
 from test_checks_lesson12 import no_norm as _no_norm
 from test_checks_lesson12 import no_offset as _no_offset
+from test_checks_lesson13 import ablation_table as _table13
+from test_checks_lesson13 import induction_score as _ind_score13
+from test_checks_lesson13 import previous_token_score as _prev_score13
+from test_checks_lesson13 import zero_head_hook as _zero_hook13
 
 from helpers import checks
 from helpers.attention import scaled_dot_product_attention
@@ -1166,6 +1170,89 @@ def _cached_step_indexed(model, caches, token):
 mistakes("check_cached_step", [_cached_step, _cached_step_indexed], [
     (_no_offset, "caches[0].length"),
     (_no_norm, "final LayerNorm"),
+])
+
+
+# --- lesson 13 ------------------------------------------------------------------------------------
+
+def _batched(w):
+    return w if w.dim() == 4 else w[None]
+
+
+def _prev_diag(w):
+    return _batched(w).diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))
+
+
+mistakes("check_batched_previous_token_score", [_prev_score13, _prev_diag], [
+    (lambda w: _batched(w).diagonal(0, -2, -1).mean(dim=(0, 2)), "main diagonal"),
+    (lambda w: _batched(w).diagonal(1, -2, -1).mean(dim=(0, 2)), "the future"),
+    (lambda w: _batched(w).diagonal(-1, -2, -1).sum(-1).mean(0) / w.shape[-1], "queries 1..T-1"),
+    (lambda w: w.diagonal(-1, -2, -1).mean(-1), "average over the batch"),
+])
+
+
+def _ind_diag(w, p):
+    return _batched(w).diagonal(offset=1 - p, dim1=-2, dim2=-1)[..., 1:].mean(dim=(0, 2))
+
+
+def _ind_key(shift, first_shift=0):
+    def fn(w, p):
+        T = w.shape[-1]
+        return torch.stack([_batched(w)[:, :, i, i - p + 1 + shift] for i in range(p + first_shift, T)],
+                           dim=-1).mean(dim=(0, 2))
+    return fn
+
+
+mistakes("check_induction_score", [_ind_score13, _ind_diag], [
+    (_ind_key(-1), "earlier copy of the current token itself"),
+    (_ind_key(+1), "i - period + 2"),
+    (_ind_key(0, first_shift=-1), "start one too early"),
+    (lambda w, p: _batched(w).diagonal(-1, -2, -1).mean(dim=(0, 2)), "previous-token score"),
+])
+
+
+def _zero_hook_mask(head, head_dim):
+    def hook(module, args):
+        keep = torch.ones(args[0].shape[-1])
+        keep[head * head_dim:(head + 1) * head_dim] = 0.0
+        return (args[0] * keep,)
+    return hook
+
+
+def _hook_editing(edit):
+    def make(head, head_dim):
+        def hook(module, args):
+            x = args[0].clone()
+            edit(x, head, head_dim)
+            return (x,)
+        return hook
+    return make
+
+
+mistakes("check_zero_head_hook", [_zero_hook13, _zero_hook_mask], [
+    (_hook_editing(lambda x, h, d: x.__setitem__((..., h), 0.0)), "only one column"),
+    (_hook_editing(lambda x, h, d: x.__setitem__((slice(None), slice(h * d, h * d + d)), 0.0)), "positions"),
+    (_hook_editing(lambda x, h, d: x.__setitem__((..., slice(h * d + d, h * d + 2 * d)), 0.0)), "head h + 1"),
+])
+
+
+def _table_loop(model, ids, periods):
+    from helpers.heads import attention_modules, copy_accuracy
+
+    rows = [[copy_accuracy(model, ids, periods, ablate=[(layer, head)])[1] for head in range(attn.n_heads)]
+            for layer, attn in enumerate(attention_modules(model))]
+    return torch.tensor(rows)
+
+
+def _table_drop(model, ids, periods):
+    from helpers.heads import copy_accuracy
+
+    return copy_accuracy(model, ids, periods)[1] - _table_loop(model, ids, periods)
+
+
+mistakes("check_ablation_table", [_table13, _table_loop], [
+    (lambda m, i, p: _table_loop(m, i, p).T, "(L, H), not (H, L)"),
+    (_table_drop, "drop"),
 ])
 
 
