@@ -154,7 +154,14 @@ def set_repository(repository: str, branch: str | None = None) -> None:
     section, sep, tail = rest.partition("\n[")
     for key, value in values.items():
         section = re.sub(rf'^{key}\s*=\s*"[^"]*"', lambda _, k=key, v=value: f'{k} = "{v}"', section, flags=re.M)
-    path.write_text(head + "[tool.course]" + section + sep + tail)
+    text = head + "[tool.course]" + section + sep + tail
+    if text == path.read_text():
+        return
+    # [tool.course] is read by `render` and the site only, never by the install: pyproject.toml keeps its
+    # modification time, so that `make`, which reinstalls when pyproject.toml is newer than .venv, does not.
+    stat = path.stat()
+    path.write_text(text)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def colab_url(relpath: str) -> str:
