@@ -119,9 +119,9 @@ lint: $(STAMP)
 	$(PY) -m ruff check helpers tests benchmarks notebooks data docs
 	$(VENV)/bin/actionlint .github/workflows/*.yml
 
-# The browser test runs from .ci/run (it needs Chromium and playwright), not here.
+# The browser tests run from .ci/run (they need Chromium and playwright), not here.
 unit: $(STAMP)
-	$(PY) -m pytest tests -q --ignore tests/test_browser.py
+	$(PY) -m pytest tests -q --ignore tests/test_browser.py --ignore tests/test_site.py
 
 # Outputs are recorded on CPU, so nbval compares on CPU too. Two notebooks run at a time, one
 # thread each: two kernels with two threads each on two cores slow small models down many times.
@@ -193,7 +193,7 @@ oldest:
 	$(OLDEST_VENV)/bin/python -c "import sys, torch, numpy, matplotlib; \
 		print('oldest:', sys.version.split()[0], torch.__version__, numpy.__version__, matplotlib.__version__)"
 	$(OLDEST_VENV)/bin/python -m pytest tests -q -p no:cacheprovider -n $(JOBS) \
-		--ignore tests/test_browser.py --ignore tests/test_colab.py
+		--ignore tests/test_browser.py --ignore tests/test_site.py --ignore tests/test_colab.py
 	$(NB_ENV) $(OLDEST_VENV)/bin/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider \
 		-n $(JOBS) --dist loadscope notebooks -q
 
