@@ -113,7 +113,13 @@ lab: $(STAMP) lab-settings
 reset: $(STAMP)
 	$(PY) notebooks/nbtools.py workcopy $(WORK) --reset "$(LESSON)"
 
-test: $(STAMP) lint unit notebooks notebooks-alt
+# One part after another, also under `make -j`: the two nbval runs re-run the same notebooks, which must
+# not run side by side, and each already uses both cores.
+test: $(STAMP)
+	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory notebooks
+	@$(MAKE) --no-print-directory notebooks-alt
 
 lint: $(STAMP)
 	$(PY) -m ruff check helpers tests benchmarks notebooks data docs
