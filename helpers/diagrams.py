@@ -1,4 +1,4 @@
-"""Architecture diagrams drawn from the lesson's own sizes (lessons 01-12).
+"""Architecture diagrams drawn from the lesson's own sizes (lessons 01-13).
 
 Every diagram function takes the sizes it labels and returns a matplotlib ``Figure``, so a
 picture cannot disagree with the numbers of the lesson that draws it. Colours follow
@@ -18,6 +18,8 @@ Diagrams, by lesson:
 - 08 ``encoder_decoder_diagram``: the whole encoder-decoder Transformer of a config.
 - 09 ``kv_cache_diagram``: a KV cache growing by one key/value per generated token.
 - 12 ``gpt_diagram``: a decoder-only GPT, its tied embedding and one KV cache per block.
+- 13 ``induction_circuit_diagram``: a previous-token head in layer 1 and an induction head in
+  layer 2 that reads its output through the keys (K-composition).
 """
 
 from __future__ import annotations

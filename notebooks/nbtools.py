@@ -70,6 +70,7 @@ LESSONS = [
     ("10", "flash_attention", "FlashAttention from scratch: online softmax, tiles, IO count, a Triton kernel (GPU)"),
     ("11", "pretrained_model", "all-MiniLM-L6-v2 run on the course's own modules, equal to its library"),
     ("12", "gpt_from_scratch", "A decoder-only GPT trained on Shakespeare; sampling and the KV cache"),
+    ("13", "induction_heads", "Induction heads in attention-only models: found by their scores, proven by ablation"),
 ]
 
 
