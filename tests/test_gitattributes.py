@@ -67,7 +67,7 @@ def test_a_crlf_text_file_names_its_remedy_and_the_remedy_works(clone):
     data = clone / "data"
     attributes = clone / ".git" / "info" / "attributes"
     attributes.parent.mkdir(exist_ok=True)
-    attributes.write_text("data/shakespeare.txt text\n")  # overrides .gitattributes: convert line ends
+    attributes.write_text("data/shakespeare.txt text eol=crlf\n")  # overrides .gitattributes
     (data / "shakespeare.txt").unlink()
     _git(clone, "checkout", "--", "data/shakespeare.txt")
     assert b"\r\n" in (data / "shakespeare.txt").read_bytes()
