@@ -169,7 +169,8 @@ def cosine_factor(step: int, steps: int, warmup: int, floor: float = 0.1) -> flo
 
 def train_lm(model, optimizer, scheduler, train_ids: torch.Tensor, steps: int, batch_size: int, generator,
              log_every: int = 0, evaluate=None, rank: int = 0, world_size: int = 1, clip: float = 1.0,
-             desc: str = "GPT", progress: bool = True) -> list[dict]:
+             desc: str = "GPT", progress: bool = True, start_step: int = 0, log=None, on_log=None,
+             seconds_offset: float = 0.0) -> list[dict]:
     """Train a language model on random windows of ``train_ids``; return the log (lesson 12).
 
     Each step draws ``batch_size`` windows of the model's context from ``generator`` (the whole
@@ -179,6 +180,10 @@ def train_lm(model, optimizer, scheduler, train_ids: torch.Tensor, steps: int, b
     (a dict of figures) is logged before steps 0, log_every, 2 log_every, ... and after the last
     step, with the mean training loss in bits of the steps since the last entry. ``model`` may be
     wrapped in ``DistributedDataParallel``, which averages the gradients over the processes.
+
+    To resume a run, pass its ``start_step``, its ``log`` so far (extended in place) and the state of
+    the model, optimizer, scheduler and generator at that step; ``on_log(step, log)`` is called after
+    each entry, the moment to save that state.
     """
     from helpers.train import _progress
 
@@ -189,21 +194,26 @@ def train_lm(model, optimizer, scheduler, train_ids: torch.Tensor, steps: int, b
     block, device = inner.config.max_len, next(inner.parameters()).device
     local = slice(rank * batch_size // world_size, (rank + 1) * batch_size // world_size)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    log, losses, start = [], [], time.perf_counter()
+    log = [] if log is None else log
+    losses, start = [], time.perf_counter()
 
     def record(step):
-        entry = {"step": step, "seconds": round(time.perf_counter() - start, 2)}
+        entry = {"step": step, "seconds": round(seconds_offset + time.perf_counter() - start, 2)}
         if losses:
             entry["train_loss_bits"] = sum(losses) / len(losses) / math.log(2)
             losses.clear()
         entry.update(evaluate(inner) if evaluate is not None else {})
         log.append(entry)
+        if on_log is not None:
+            on_log(step, log)
 
     model.train()
     bar = _progress(steps, desc) if progress else None
+    if bar is not None and start_step:
+        bar.update(start_step)
     try:
-        for step in range(steps):
-            if log_every and step % log_every == 0:
+        for step in range(start_step, steps):
+            if log_every and step % log_every == 0 and not (log and log[-1]["step"] == step):
                 record(step)
             x, y = random_windows(train_ids, block, batch_size, generator)  # (B, T) each, the global batch
             x, y = x[local].to(device), y[local].to(device)  # this process's share

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "data" / "train_gpt.py"
 TINY = ["--d-model", "16", "--n-heads", "2", "--n-layers", "2", "--d-ff", "32", "--max-len", "32",
         "--steps", "6", "--warmup", "1", "--lr", "0.01", "--log-every", "3", "--log-windows", "8", "--no-test",
-        "--quiet"]
+        "--quiet", "--threads", "1"]
 
 
 def _run(tmp_path, name, processes, *extra):
@@ -78,3 +78,17 @@ def test_batch_that_does_not_split_over_processes_is_refused(tmp_path):
                           env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode != 0
     assert "batch_size=3 must split evenly over world_size=2" in done.stdout + done.stderr
+
+
+def test_a_run_stopped_and_resumed_gives_the_weights_of_one_sitting(tmp_path):
+    whole, _ = _run(tmp_path, "whole", 1, "--batch-size", "4")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out, log = tmp_path / "split.pt", tmp_path / "split.json"
+    first = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--batch-size", "4", "--out", str(out),
+                            "--log-file", str(log), "--stop-after", "4"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=240)
+    assert first.returncode == 0 and not out.exists() and (tmp_path / "split.pt.resume").exists(), first.stderr
+    split, split_log = _run(tmp_path, "split", 1, "--batch-size", "4", "--resume")
+    assert _largest_difference(whole, split) == 0.0  # bit for bit: weights, optimizer, schedule and batches
+    assert [e["step"] for e in split_log["log"]] == [0, 3, 4, 6]
+    assert not (tmp_path / "split.pt.resume").exists()  # a finished run leaves nothing to resume
