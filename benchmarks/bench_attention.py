@@ -43,7 +43,7 @@ from common import (
 
 from helpers.attention import scaled_dot_product_attention as course_attention
 from helpers.device import attention_flops, loglog_slope, peak_memory, peak_tflops
-from helpers.scale import auto_sdpa_backend, sdpa_backend
+from helpers.sdpa_kernels import auto_sdpa_backend, sdpa_backend
 
 BACKWARD_FLOP_FACTOR = 2.5  # backward = 5 matrix products vs the forward's 2 (the FlashAttention-2 paper's count)
 

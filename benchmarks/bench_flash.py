@@ -3,7 +3,7 @@
 Contestants, each checked against SDPA's math kernel before it is timed: the Triton kernel of
 lesson 10 (helpers.flash.triton_flash_attention; CUDA only), the PyTorch tiled version
 (helpers.flash.flash_attention) and every fused SDPA kernel that runs here (flash, efficient,
-cudnn on CUDA; flash on CPU), selected explicitly with helpers.scale.sdpa_backend. No mask and
+cudnn on CUDA; flash on CPU), selected explicitly with helpers.sdpa_kernels.sdpa_backend. No mask and
 causal. TFLOP/s count 4 B H T^2 D FLOPs for no mask and half of that for causal. With --backward, each
 contestant's backward alone is timed, from a forward run once before (autograd with retain_graph for the
 PyTorch tiles and SDPA; the Triton backward kernels from the saved out and lse), its gradients checked
@@ -49,7 +49,7 @@ from helpers.flash import (
     triton_flash_attention_backward,
 )
 from helpers.masks import causal_mask
-from helpers.scale import sdpa_backend
+from helpers.sdpa_kernels import sdpa_backend
 
 
 def reference(q, k, v, causal: bool) -> torch.Tensor:

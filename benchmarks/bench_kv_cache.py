@@ -51,7 +51,7 @@ def build(args, device, batch, **sizes):
     config = TransformerConfig.dates(len(src_vocab), len(tgt_vocab), **sizes)
     model = Transformer(config)
     with torch.no_grad():
-        model.generator.bias[tgt_vocab.eos_id] = -1e4  # never stop early: exactly new_tokens tokens
+        model.head.bias[tgt_vocab.eos_id] = -1e4  # never stop early: exactly new_tokens tokens
     model = model.to(device=device, dtype=DTYPES[args.dtype]).eval()
     test = [source for source, _ in load_dates("test", data_dir=DATA)]
     texts = [test[i % len(test)] for i in range(batch)]
@@ -131,7 +131,7 @@ def width_sweep(args, device) -> list[dict]:
         per_step = t["cached"]["median_s"] / steps
         # multiply-adds of one step: every decoder weight once (the memory's keys/values are precomputed)
         # plus attention over the cache and the source; 2 FLOPs each
-        dec_params = sum(p.numel() for p in model.decoder.layers.parameters()) + model.generator.weight.numel()
+        dec_params = sum(p.numel() for p in model.decoder.layers.parameters()) + model.head.weight.numel()
         flops = 2 * dec_params
         rows.append(dict(d_model=width, step_s=per_step, steps=steps, flops_per_step=flops,
                          gflops=flops / per_step / 1e9, timing=t["cached"]))

@@ -75,6 +75,36 @@ def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0, di
         raise ValueError(f"{name} must have shape {what}, got {shape_str(x.shape)}")
 
 
+def check_ids(ids, name: str, vocab_size: int, max_len: int, device: torch.device) -> None:
+    """Raise a clear error unless ``ids`` is (B, L) int64/int32 token ids in [0, vocab_size), L <= max_len (lesson 08).
+
+    ``device`` is the device of the model's embedding; the ids must be there too. Every model of the course
+    (the Transformer, the GPT, the decoders of ``helpers.decoding``) checks its ids with this one function.
+    """
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.dtype not in TOKEN_ID_DTYPES:
+        narrow = ids.dtype != torch.bool and not ids.is_floating_point() and not ids.is_complex()
+        raise TypeError(f"{name} must hold integer token ids of dtype torch.int64 (torch.long) or torch.int32, "
+                        f"the ones nn.Embedding takes, got dtype {ids.dtype}"
+                        + (f"; convert them with {name}.long()" if narrow else ""))
+    if ids.device != device:
+        raise ValueError(f"{name} is on {ids.device} but the model is on {device}: move the ids there with "
+                         f"{name}.to({str(device)!r})")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (B, L) (a batch of id sequences), got {shape_str(ids.shape)}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"{name} must hold at least one sequence of at least one token, got {shape_str(ids.shape)}")
+    if ids.shape[1] > max_len:
+        raise ValueError(f"{name} has length {ids.shape[1]}, longer than the model's max_len={max_len}; "
+                         "build the model with a larger max_len or shorten the input")
+    bad = (ids < 0) | (ids >= vocab_size)
+    if bad.any():
+        where = tuple(bad.nonzero()[0].tolist())
+        raise ValueError(f"{name} holds token id {ids[where].item()} at position {where}, outside the "
+                         f"vocabulary of size {vocab_size} (valid ids are 0..{vocab_size - 1})")
+
+
 def check_qkv(q, k, v, mask=None, dropout_p: float = 0.0) -> None:
     """Check the arguments of one attention call: q (..., T, D), k (..., S, D), v (..., S, Dv) of one
     dtype and device, batch dimensions that broadcast, D >= 1, S >= 1; the mask; dropout_p in [0, 1)."""

@@ -595,7 +595,7 @@ def pre_post_ln_diagram(config=None, *, d_model=None, n_heads=None, d_ff=None):
 
 
 def encoder_decoder_diagram(config, S=None, T=None):
-    """The encoder-decoder of a TransformerConfig: stacks, memory to every cross-attention, generator (lesson 08)."""
+    """The encoder-decoder of a TransformerConfig: stacks, memory to every cross-attention, output head (lesson 08)."""
     sz = _sizes(config, d_model=None, n_heads=None, d_ff=None, n_encoder_layers=None, n_decoder_layers=None,
                 src_vocab_size=None, tgt_vocab_size=None)
     C, H, D, F = sz["d_model"], sz["n_heads"], sz["D"], sz["d_ff"]
@@ -652,7 +652,7 @@ def encoder_decoder_diagram(config, S=None, T=None):
     mem_y = y + 0.45
     y = column(xd, 3.4, f"target ids, shifted right: <s> y0 ... (B, {T_txt})", T_txt, n_dec, "decoder", 1.55,
                decoder_layer)
-    box(ax, xd, y + 0.45, 3.4, 0.5, f"generator Linear(C, V) = ({C}, {V_tgt})\nlogits (B, {T_txt}, V = {V_tgt})",
+    box(ax, xd, y + 0.45, 3.4, 0.5, f"head Linear(C, V) = ({C}, {V_tgt})\nlogits (B, {T_txt}, V = {V_tgt})",
         role="weights", fontsize=SMALL, flow=_flow(1, "up", "head"))
     arrow(ax, (xd, y), (xd, y + 0.2))
     top = max(y + 0.75, mem_y + 0.3)

@@ -1,9 +1,9 @@
-"""A decoder-only language model (GPT) built from the course's own pieces (lesson 12).
+"""A decoder-only language model (GPT), readable top to bottom like nanoGPT's ``model.py`` (lesson 12).
 
-Token embedding + learned positions, N Pre-LN blocks of ``MultiHeadAttention`` (causal) and
-``FeedForward``, a final LayerNorm, and an output layer that shares the embedding's weights
-(Radford et al. 2018/2019; Press & Wolf 2017 for the tying). Generation reuses the one KV cache
-of ``helpers.attention`` (``MultiHeadAttention.new_cache``).
+Token embedding + learned positions, N Pre-LN blocks of causal ``MultiHeadAttention`` and a GELU
+``FeedForward`` (``helpers.layers``), a final LayerNorm, and an output layer that shares the
+embedding's weights (Radford et al. 2018/2019; Press & Wolf 2017 for the tying). Sampling lives in
+``helpers.decoding`` (``generate``, ``filter_logits``), over ``GPT.decode_step``.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import as_int, positive_int, shape_str
+from helpers._validate import as_int, check_ids, positive_int, probability, shape_str
 from helpers.attention import MultiHeadAttention
-from helpers.masks import causal_mask
+from helpers.decoding import filter_logits, generate  # noqa: F401 (filter_logits: lesson 12 imports it here)
+from helpers.layers import FeedForward
+from helpers.masks import cached_causal_mask
 from helpers.positional import LearnedPositionalEmbedding
-from helpers.transformer import FeedForward, check_ids, residual
 
 CHECKPOINT = "gpt_shakespeare.pt"  # the course's trained model, in data/ (made by `make train-gpt`)
 
@@ -39,23 +40,27 @@ class GPTConfig:
     dropout: float = 0.0  # on embeddings, residual branches and attention weights; 0 for small data runs
     n_kv_heads: int | None = None  # key/value heads: None = one per query head (MHA), 1 = multi-query
     tie_weights: bool = True  # output layer = embedding matrix (Press & Wolf 2017): fewer parameters
+    special_ids: tuple = ()  # ids generate() never samples: the vocabulary's <pad>, <s>, </s>
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            object.__setattr__(self, name, positive_int(getattr(self, name), name))  # numpy ints become ints
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: each head gets "
                              f"d_model / n_heads = {self.d_model / self.n_heads:g} features, which must be whole")
         kv = self.n_kv_heads
         if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0 or self.n_heads % kv):
             raise ValueError(f"n_kv_heads must be None or a positive divisor of n_heads={self.n_heads}, got {kv!r}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
-                or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be a probability in [0, 1), got {self.dropout!r}")
+        probability(self.dropout, "dropout")
         if not isinstance(self.tie_weights, bool):
             raise TypeError(f"tie_weights must be True or False, got {self.tie_weights!r}")
+        if not isinstance(self.special_ids, (tuple, list)):
+            raise TypeError(f"special_ids must be a tuple of token ids, got {type(self.special_ids).__name__}")
+        special = tuple(sorted({as_int(i, "each of special_ids (a token id)", minimum=0,
+                                       maximum=self.vocab_size - 1) for i in self.special_ids}))
+        if len(special) == self.vocab_size:
+            raise ValueError(f"special_ids {special} cover the whole vocabulary: nothing would be left to sample")
+        object.__setattr__(self, "special_ids", special)
 
     @property
     def head_dim(self) -> int:
@@ -74,7 +79,7 @@ class GPTConfig:
 
 
 class Block(nn.Module):
-    """One Pre-LN decoder block: x + attn(norm(x)), then x + ff(norm(x)) (lesson 12)."""
+    """One Pre-LN decoder block: x + attn(norm1(x)), then x + ff(norm2(x)) (lesson 12)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -83,18 +88,19 @@ class Block(nn.Module):
                                        n_kv_heads=config.n_kv_heads)
         self.norm2 = nn.LayerNorm(config.d_model)
         self.ff = FeedForward(config.d_model, config.d_ff, config.dropout, activation="gelu")
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)  # on each branch, before it joins the residual stream
         self.attn_weights = None  # (B, H, T, S) of the last forward that asked for them
-
-    def _attend(self, h, mask, need_weights, cache):
-        out, weights = self.attn(h, h, h, mask=mask, need_weights=need_weights, cache=cache)  # (B, T, C)
-        self.attn_weights = None if weights is None else weights.detach()
-        return out
 
     def forward(self, x, mask=None, need_weights: bool = False, cache=None):
         """x (B, T, C), mask (1, 1, T, S) True = may attend, optional KV cache -> (B, T, C)."""
-        x = residual(x, lambda h: self._attend(h, mask, need_weights, cache), self.norm1, True, self.dropout)
-        return residual(x, self.ff, self.norm2, True, self.dropout)  # (B, T, C)
+        x = x + self.dropout(self.self_attend(self.norm1(x), mask, need_weights, cache))  # (B, T, C)
+        return x + self.dropout(self.ff(self.norm2(x)))  # (B, T, C)
+
+    def self_attend(self, h, mask=None, need_weights: bool = False, cache=None):
+        """Causal self-attention of h (B, T, C) -> (B, T, C); keeps the weights if asked (lessons 12, 13)."""
+        out, weights = self.attn(h, h, h, mask=mask, need_weights=need_weights, cache=cache)  # (B, T, C)
+        self.attn_weights = None if weights is None else weights.detach()
+        return out
 
 
 class GPT(nn.Module):
@@ -112,9 +118,9 @@ class GPT(nn.Module):
         self.norm = nn.LayerNorm(config.d_model)  # Pre-LN leaves the last block's output unnormalised
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         # GPT-2's initialisation (Radford et al. 2019, section 2.3): N(0, 0.02) for every weight matrix and
-        # table, zero biases; the two projections that write into the residual stream in each block (attention's
-        # w_o, the feed-forward's linear2) get std 0.02 / sqrt(2 * n_layers), so the stream's variance does not
-        # grow with depth: 2 * n_layers such writes add up.
+        # table, zero biases. GPT-2 also scales the init of the residual projections by 1/sqrt(2 * n_layers):
+        # each block writes into the residual stream twice (attention's w_o, the feed-forward's linear2),
+        # 2 * n_layers writes add up, and the smaller std keeps the stream's variance from growing with depth.
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
@@ -126,16 +132,23 @@ class GPT(nn.Module):
         if config.tie_weights:
             self.head.weight = self.embed.weight  # one (V, C) matrix reads tokens in and scores them out
 
-    def _embed(self, ids, offset: int = 0):
-        return self.dropout(self.pos(self.embed(ids), offset=offset))  # (B, T) -> (B, T, C)
-
     def forward(self, ids: torch.Tensor, need_weights: bool = False) -> torch.Tensor:
         """ids (B, T) -> logits (B, T, V); ``need_weights`` keeps each block's (B, H, T, T) in ``attn_weights``."""
         check_ids(ids, "ids", self.config.vocab_size, self.config.max_len, self.embed.weight.device)
-        x = self._embed(ids)  # (B, T, C)
-        mask = causal_mask(ids.shape[1], device=ids.device)[None, None]  # (1, 1, T, T): position t sees 0..t
-        for block in self.blocks:
-            x = block(x, mask, need_weights)  # (B, T, C)
+        return self.decode_step(ids, None, need_weights)  # (B, T, V)
+
+    def decode_step(self, ids: torch.Tensor, caches=None, need_weights: bool = False) -> torch.Tensor:
+        """Logits (B, T, V) of ids (B, T) placed after the positions in ``caches`` (None: none), unchecked.
+
+        The model interface of ``helpers.decoding`` (lesson 12): ``forward`` checks, then calls this.
+        """
+        past, T = (0 if caches is None else caches[0].length), ids.shape[1]
+        x = self.dropout(self.pos(self.embed(ids), offset=past))  # (B, T, C), positions past .. past + T - 1
+        # query i sits at position past + i and may read positions 0 .. past + i: (1, 1, T, past + T);
+        # one new query may read every position, so it needs no mask
+        mask = None if T == 1 else cached_causal_mask(past, T, past + T, device=ids.device)[None, None]
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, need_weights, None if caches is None else caches[i])  # (B, T, C)
         return self.head(self.norm(x))  # (B, T, V)
 
     def new_caches(self, batch: int, max_len: int):
@@ -144,89 +157,17 @@ class GPT(nn.Module):
 
     def forward_cached(self, ids: torch.Tensor, caches) -> torch.Tensor:
         """Logits (B, T_new, V) of the new ids (B, T_new), after the positions already in ``caches`` (lesson 12)."""
-        past, T_new = caches[0].length, ids.shape[1]
-        x = self._embed(ids, offset=past)  # (B, T_new, C), positions past..past+T_new-1
-        # new query i sits at position past + i and may read slots 0..past + i
-        # (1, 1, T_new, past + T_new); one new query may read every slot, so it needs no mask
-        mask = None if T_new == 1 else causal_mask(past + T_new, device=ids.device)[None, None, past:]
-        for block, cache in zip(self.blocks, caches, strict=True):
-            x = block(x, mask, False, cache)  # (B, T_new, C)
-        return self.head(self.norm(x))  # (B, T_new, V)
+        if not isinstance(caches, (list, tuple)) or len(caches) != len(self.blocks):
+            raise TypeError(f"caches must be the list of {len(self.blocks)} KV caches from model.new_caches(batch, "
+                            f"max_len), got {type(caches).__name__}")
+        check_ids(ids, "ids", self.config.vocab_size, self.config.max_len, self.embed.weight.device)
+        return self.decode_step(ids, caches)  # (B, T_new, V)
 
-    @torch.no_grad()
     def generate(self, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k=None,
                  top_p=None, generator=None, use_cache: bool = True) -> torch.Tensor:
-        """Sample max_new_tokens after ids (B, T) -> (B, T + max_new_tokens); top_k=1 is greedy (lesson 12).
-
-        Each step draws one ``torch.multinomial(..., generator=generator)`` for the whole batch from
-        ``softmax(filter_logits(...))``. With ``use_cache`` the keys and values of earlier positions
-        are kept (one KV cache per block) and each step runs the model on the newest token only.
-        """
-        cfg = self.config
-        check_ids(ids, "ids", cfg.vocab_size, cfg.max_len, self.embed.weight.device)
-        max_new_tokens = as_int(max_new_tokens, "max_new_tokens", minimum=0)
-        total = ids.shape[1] + max_new_tokens
-        if total > cfg.max_len:
-            raise ValueError(f"the prompt's {ids.shape[1]} tokens + max_new_tokens={max_new_tokens} = {total} "
-                             f"exceed the model's max_len={cfg.max_len}")
-        if not isinstance(use_cache, bool):
-            raise TypeError(f"use_cache must be True or False, got {use_cache!r}")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-        filter_logits(torch.zeros(1, cfg.vocab_size), temperature, top_k, top_p)  # check the knobs once
-        was_training = self.training
-        self.eval()
-        try:
-            out = ids
-            if use_cache:
-                caches = self.new_caches(ids.shape[0], total)
-                logits = self.forward_cached(ids, caches)[:, -1]  # (B, V)
-            for step in range(max_new_tokens):
-                if not use_cache:
-                    logits = self(out)[:, -1]  # (B, T, V) -> (B, V): the whole prefix again
-                probs = torch.softmax(filter_logits(logits, temperature, top_k, top_p).float(), dim=-1)  # (B, V)
-                token = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
-                out = torch.cat([out, token.to(out.dtype)], dim=1)  # (B, t + 1)
-                if use_cache and step < max_new_tokens - 1:
-                    logits = self.forward_cached(token.to(out.dtype), caches)[:, -1]  # only the new token
-        finally:
-            self.train(was_training)
-        return out
-
-
-def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k=None, top_p=None) -> torch.Tensor:
-    """logits / temperature with the entries outside top-k, then outside top-p, set to -inf (lesson 12).
-
-    top_k keeps the k largest (ties broken as ``torch.topk`` does). top_p keeps the smallest set of
-    most probable tokens whose probability reaches top_p: a token is kept while the tokens before it
-    (sorted by probability, largest first) sum to less than top_p, so the token that crosses top_p is
-    kept and so is the most probable one. top_p=1.0 keeps all.
-    """
-    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() < 1 \
-            or logits.shape[-1] == 0:
-        got = f"{shape_str(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ValueError(f"logits must be a floating tensor (..., V) with V >= 1, got {got}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not (temperature > 0 and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be a positive finite number (1.0 = unchanged; use top_k=1 for "
-                         f"greedy), got {temperature!r}")
-    x = logits / temperature
-    if top_k is not None:
-        top_k = min(positive_int(top_k, "top_k"), x.shape[-1])
-        keep = torch.zeros_like(x, dtype=torch.bool).scatter_(-1, x.topk(top_k, dim=-1).indices, True)
-        x = x.masked_fill(~keep, float("-inf"))
-    if top_p is not None:
-        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be a probability in (0, 1], got {top_p!r}")
-        if top_p < 1.0:
-            probs = torch.softmax(x.double(), dim=-1)  # (..., V); float64 so the running sum is exact enough
-            sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # (..., V)
-            before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of the tokens ranked above
-            keep_sorted = before < top_p
-            keep_sorted[..., 0] = True  # the most probable token always stays
-            keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-            x = x.masked_fill(~keep, float("-inf"))
-    return x
+        """Sample max_new_tokens after ids (B, T) -> (B, T + max_new_tokens): ``helpers.decoding.generate``
+        (lesson 12). top_k=1 is greedy; the special ids are never sampled; it may run past max_len."""
+        return generate(self, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache)
 
 
 def parameter_count(config: GPTConfig) -> int:
@@ -297,9 +238,14 @@ def load_course_gpt(device=None):
     saved = torch.load(path, map_location="cpu", weights_only=True)
     if set(saved) != {"config", "state_dict", "symbols"}:
         raise DataFileError(f"{path} does not hold a course GPT checkpoint (keys {sorted(saved)})")
-    model = GPT(GPTConfig(**saved["config"]))
+    vocab = Vocab(saved["symbols"])
+    config = GPTConfig(**{**saved["config"], "special_ids": (vocab.pad_id, vocab.bos_id, vocab.eos_id)})
+    if config.vocab_size != len(vocab):
+        raise DataFileError(f"{path} holds a model of vocab_size={config.vocab_size} but a vocabulary of "
+                            f"{len(vocab)} tokens")
+    model = GPT(config)
     model.load_state_dict(saved["state_dict"])
-    return model.to(device if device is not None else "cpu").eval(), Vocab(saved["symbols"])
+    return model.to(device if device is not None else "cpu").eval(), vocab
 
 
 def ngram_bits_per_char(train_ids: torch.Tensor, eval_ids: torch.Tensor, vocab_size: int, order: int) -> float:

@@ -8,14 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.transformer import (
-    Transformer,
-    TransformerConfig,
-    _greedy_step,
-    beam_search,
-    greedy_decode,
-    greedy_decode_cached,
-)
+from helpers.decoding import _greedy_step, beam_search, greedy_decode, greedy_decode_cached
+from helpers.transformer import Transformer, TransformerConfig
 
 PAD, BOS, EOS = 0, 1, 2
 DT = torch.float64
@@ -25,7 +19,7 @@ def tiny(seed, tgt_v, src_v=9, **overrides):
     torch.manual_seed(seed)
     model = Transformer(TransformerConfig.tiny(src_v, tgt_v, **overrides)).to(DT).eval()
     with torch.no_grad():  # sharper next-token distributions than the initial ones: ranking matters more
-        model.generator.weight.mul_(4.0)
+        model.head.weight.mul_(4.0)
     return model
 
 
@@ -121,7 +115,7 @@ class Table(Transformer):
     def encode(self, src):
         return torch.zeros(src.shape[0], 1, 1, dtype=DT), torch.ones(src.shape[0], 1, 1, 1, dtype=torch.bool)
 
-    def _decode(self, tgt, memory, src_mask=None, cache=None):
+    def decode_step(self, tgt, cache):
         logits = torch.full((tgt.shape[0], tgt.shape[1], self.vocab), -1e9, dtype=DT)  # (B, T, V)
         for b, row in enumerate(tgt.tolist()):
             prefix = tuple(t for t in row if t != PAD)
@@ -195,7 +189,7 @@ def count_host_reads():
 def never_ending(seed):
     model = tiny(seed, 9)
     with torch.no_grad():
-        model.generator.bias[EOS] = -1e4  # no row ever finishes: every call runs max_len - 1 steps
+        model.head.bias[EOS] = -1e4  # no row ever finishes: every call runs max_len - 1 steps
     return model
 
 
@@ -221,11 +215,11 @@ def test_cached_step_reads_nothing_from_the_device():
     src = source(1, 2, 6)
     with torch.no_grad():
         memory, src_mask = model.encode(src)
-        cache = model.new_decode_cache(memory, 10, static=True)
+        cache = model.new_decode_cache(memory, 10, static=True, src_mask=src_mask)
         ys = torch.full((2, 10), PAD)
         ys[:, 0] = BOS
         token, done = ys[:, :1].clone(), torch.zeros(2, dtype=torch.bool)
-        step = _greedy_step(model, cache, ys, token, done, src_mask, EOS)
+        step = _greedy_step(model, cache, ys, token, done, EOS)
         with count_host_reads() as counts:
             for _ in range(9):
                 step()
@@ -275,11 +269,11 @@ def test_cuda_step_never_synchronises():
     src = source(3, 2, 6).cuda()
     with torch.no_grad():
         memory, src_mask = model.encode(src)
-        cache = model.new_decode_cache(memory, 10, static=True)
+        cache = model.new_decode_cache(memory, 10, static=True, src_mask=src_mask)
         ys = torch.full((2, 10), PAD, device="cuda")
         ys[:, 0] = BOS
         token, done = ys[:, :1].clone(), torch.zeros(2, dtype=torch.bool, device="cuda")
-        step = _greedy_step(model, cache, ys, token, done, src_mask, EOS)
+        step = _greedy_step(model, cache, ys, token, done, EOS)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
         try:
@@ -288,3 +282,43 @@ def test_cuda_step_never_synchronises():
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(ys, greedy_decode(model, src, BOS, EOS, 10))
+
+
+# --- beam search against a plain reference, on many random cases ---------------------------------------
+
+@torch.no_grad()
+def reference_beam_search(model, src, max_len, k, alpha):
+    """Beam search for ONE source, written with Python lists: (tokens, score, finished) per hypothesis.
+
+    The same rules as helpers.decoding.beam_search: a finished hypothesis continues with pad at no
+    cost; the k best candidates survive (sorted by score); the best normalised score wins, |Y| being
+    the tokens after BOS up to and including eos.
+    """
+    beams = [((BOS,), 0.0, False, 0)]  # tokens, summed log-probability, finished, |Y|
+    for _ in range(max_len - 1):
+        candidates = []
+        for tokens, score, finished, n in beams:
+            if finished:
+                candidates.append((tokens + (PAD,), score, True, n))
+                continue
+            log_probs = torch.log_softmax(model(src, torch.tensor([tokens]))[0, -1].double(), dim=-1).tolist()
+            candidates += [(tokens + (v,), score + lp, v == EOS, n + 1) for v, lp in enumerate(log_probs)]
+        beams = sorted(candidates, key=lambda c: -c[1])[:k]
+        if all(finished for _, _, finished, _ in beams):
+            break
+    tokens, _, _, n = max(beams, key=lambda b: b[1] / penalty(b[3], alpha))
+    return list(tokens[:1 + n])
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 100_000), tgt_v=st.integers(3, 5), k=st.integers(2, 3), max_len=st.integers(3, 7),
+       alpha=st.sampled_from([0.6, 2.0, 5.0]), B=st.integers(1, 2))
+def test_beam_search_equals_a_plain_reference(seed, tgt_v, k, max_len, alpha, B):
+    """Catches bookkeeping that does not follow the beams when they are reordered (lengths, done flags)."""
+    model = tiny(seed, tgt_v)
+    src = source(seed, B, 4)
+    out = beam_search(model, src, BOS, EOS, max_len, beam_size=k, length_penalty=alpha)
+    for b in range(B):
+        expected = reference_beam_search(model, src[b:b + 1], max_len, k, alpha)
+        assert out[b, :len(expected)].tolist() == expected
+        assert (out[b, len(expected):] == PAD).all()

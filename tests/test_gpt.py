@@ -157,6 +157,77 @@ def test_generate_draws_one_multinomial_per_step_from_the_generator():
     assert torch.equal(g.get_state(), g2.get_state())
 
 
+def lively_model(seed=0, **overrides):
+    """A tiny GPT with std-1 weights: its logits change a lot with the position and the context, so a
+    step that reuses stale logits, or a position off by one, changes the tokens."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig.tiny(V, max_len=8, **overrides)).to(DT).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 1.0)
+    return model
+
+
+def cropped_reference(model, ids, n_new):
+    """Greedy generation written as nanoGPT does: the full model on the last max_len tokens, each step."""
+    out = ids
+    special = list(model.config.special_ids)
+    for _ in range(n_new):
+        logits = model(out[:, -model.config.max_len:])[:, -1]  # (B, V)
+        logits[:, special] = -math.inf
+        out = torch.cat([out, logits.argmax(-1, keepdim=True)], dim=1)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("prompt_len", [1, 8])
+def test_generate_runs_past_max_len_with_the_cropped_context(seed, prompt_len):
+    model = lively_model(seed, special_ids=(0,))
+    prompt = rand_ids(2, prompt_len, seed=seed)
+    n_new = 3 * model.config.max_len
+    expected = cropped_reference(model, prompt, n_new)
+    for use_cache in (True, False):
+        out = model.generate(prompt, n_new, top_k=1, use_cache=use_cache)
+        assert out.shape == (2, prompt_len + n_new)
+        assert torch.equal(out, expected), use_cache
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("knobs", [dict(top_k=1), dict(temperature=2.0), dict(top_p=0.9)])
+def test_generate_cached_equals_uncached_on_a_lively_model(seed, knobs):
+    """Every step's logits, the last one included, come from the newest token at its own position."""
+    model = lively_model(seed)
+    prompt = rand_ids(3, 2, seed=seed)
+    for n_new in (1, 2, 5, 6):  # the cache fills up exactly at max_len = 8 tokens
+        a = model.generate(prompt, n_new, generator=torch.Generator().manual_seed(seed), use_cache=True, **knobs)
+        b = model.generate(prompt, n_new, generator=torch.Generator().manual_seed(seed), use_cache=False, **knobs)
+        assert torch.equal(a, b), n_new
+
+
+def test_generate_never_samples_the_special_ids():
+    model, vocab = load_course_gpt()
+    assert model.config.special_ids == (vocab.pad_id, vocab.bos_id, vocab.eos_id) == (0, 1, 2)
+    prompt = torch.tensor([vocab.encode("ROMEO:")])
+    out = model.generate(prompt, 150, temperature=100.0, generator=torch.Generator().manual_seed(0))
+    new = out[0, prompt.shape[1]:]
+    assert not torch.isin(new, torch.tensor([0, 1, 2])).any()
+    assert len(set(new.tolist())) > 20  # near-uniform draws: without the rule, specials would appear
+    # a config of its own: the ids it names are never drawn either
+    tiny = GPT(GPTConfig.tiny(V, special_ids=(3, 4)))
+    out = tiny.generate(rand_ids(4, 2), 60, temperature=50.0, generator=torch.Generator().manual_seed(1))
+    assert not torch.isin(out[:, 2:], torch.tensor([3, 4])).any()
+
+
+def test_special_ids_are_checked():
+    with pytest.raises(ValueError, match=r"each of special_ids \(a token id\) must be an int in \[0, 10\], got 11"):
+        GPTConfig.tiny(V, special_ids=(1, 11))
+    with pytest.raises(ValueError, match="cover the whole vocabulary"):
+        GPTConfig.tiny(3, special_ids=(0, 1, 2))
+    with pytest.raises(TypeError, match="special_ids must be a tuple of token ids, got int"):
+        GPTConfig.tiny(V, special_ids=2)
+    assert GPTConfig.tiny(V, special_ids=[2, 1, 2]).special_ids == (1, 2)
+
+
 def test_generate_restores_training_mode_and_zero_new_tokens():
     model = make_model().train()
     ids = rand_ids(1, 4)
@@ -224,6 +295,26 @@ def test_filter_logits_bad_knobs(kwargs, match):
         filter_logits(torch.zeros(5), **kwargs)
 
 
+def test_filter_logits_computes_in_float32_at_least():
+    logits = torch.tensor([[3.0, 1.0, -2.0, 0.5]], dtype=torch.float16)
+    out = filter_logits(logits, temperature=1e-4)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert torch.softmax(out, -1)[0, 0] == 1.0  # the largest logit takes it all, no NaN
+    assert filter_logits(logits.double(), 0.5).dtype == torch.float64
+
+
+def test_filter_logits_refuses_nan():
+    with pytest.raises(ValueError, match=r"logits hold NaN \(first at index \(1, 2\) of \(2, 4\)\)"):
+        filter_logits(torch.tensor([[0.0, 1.0, 2.0, 3.0], [0.0, 1.0, math.nan, 3.0]]), top_p=0.5)
+
+
+def test_filter_logits_keeps_inf_tokens_under_top_p():
+    logits = torch.tensor([[0.0, math.inf, 5.0, math.inf], [1.0, 2.0, 3.0, 4.0]])
+    out = filter_logits(logits, top_p=0.6)  # the two +inf tokens share the row's probability, 0.5 each
+    assert torch.isposinf(out[0, [1, 3]]).all() and torch.isneginf(out[0, [0, 2]]).all()
+    assert (~torch.isinf(out[1])).tolist() == [False, False, False, True]
+
+
 def test_filter_logits_bad_logits():
     with pytest.raises(ValueError, match="floating"):
         filter_logits(torch.zeros(5, dtype=torch.long))
@@ -250,8 +341,8 @@ def test_bad_ids_give_clear_errors():
         model(torch.tensor([[1, 11]]))
     with pytest.raises(ValueError, match="max_len=32"):
         model(torch.zeros(1, 33, dtype=torch.long))
-    with pytest.raises(ValueError, match="exceed the model's max_len=32"):
-        model.generate(torch.zeros(1, 30, dtype=torch.long), 3)
+    with pytest.raises(ValueError, match="max_len=32"):
+        model.generate(torch.zeros(1, 33, dtype=torch.long), 3)  # the prompt must fit; the output need not
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.generate(torch.zeros(1, 3, dtype=torch.long), -1)
     with pytest.raises(ValueError, match="temperature"):

@@ -1,5 +1,5 @@
 """The KV cache inside the model (lesson 09): one attention module's cache, grouped-query attention,
-the residual step, and the Transformer's cached decoding against its uncached forward."""
+and the Transformer's cached decoding against its uncached forward."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from helpers.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention, softmax
 from helpers.masks import cached_causal_mask, causal_mask, padding_mask_from_ids
-from helpers.transformer import Transformer, TransformerConfig, residual
+from helpers.transformer import Transformer, TransformerConfig
 
 DT = torch.float64
 PAD = 0
@@ -148,24 +148,6 @@ def test_a_static_cache_keeps_every_step_the_same_shape():
         outs.append(out)
     assert int(cache.position) == cache.length == 5
     assert (torch.cat(outs, dim=1) - full).abs().max() < 1e-12
-
-
-# --- the residual step ------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("norm_first", [True, False])
-def test_residual_is_pre_ln_or_post_ln(norm_first):
-    x = rand(2, 3, 8)
-    norm = torch.nn.LayerNorm(8).to(DT)
-
-    def sublayer(h):
-        return 2.0 * h + 1.0
-
-    def dropout(h):
-        return 0.5 * h  # stands for the dropout layer: its place in the formula is what is tested
-
-    got = residual(x, sublayer, norm, norm_first, dropout)
-    expected = x + 0.5 * sublayer(norm(x)) if norm_first else norm(x + 0.5 * sublayer(x))
-    assert torch.equal(got, expected)
 
 
 # --- the Transformer's cached decoding --------------------------------------------------------------------

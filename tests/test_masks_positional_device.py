@@ -164,7 +164,7 @@ def test_import_has_no_side_effects():
     needs = {"helpers._flash_triton": "triton"}
     modules = sorted(m.name for m in pkgutil.walk_packages(helpers.__path__, "helpers.")
                      if m.name not in needs or importlib.util.find_spec(needs[m.name]) is not None)
-    assert {"helpers.rnn", "helpers.transformer", "helpers.scale", "helpers.checks"} <= set(modules)
+    assert {"helpers.rnn", "helpers.transformer", "helpers.sdpa_kernels", "helpers.checks"} <= set(modules)
     code = "import torch; s = torch.random.get_rng_state(); import helpers, " + ", ".join(modules) + \
            "; assert torch.equal(s, torch.random.get_rng_state())"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from helpers.attention import scaled_dot_product_attention
 from helpers.device import attention_flops, cpu_threads, loglog_slope, peak_memory, peak_tflops, peak_tflops_of
 from helpers.masks import causal_mask, dilated_mask, sliding_window_mask
-from helpers.scale import auto_sdpa_backend, sdpa_backend
+from helpers.sdpa_kernels import auto_sdpa_backend, sdpa_backend
 from helpers.transformer import Transformer, TransformerConfig, greedy_decode, greedy_decode_cached
 
 PAD, BOS, EOS = 0, 1, 2
@@ -85,7 +85,7 @@ def test_cached_greedy_float32_lesson08_sizes_and_no_early_eos():
     model = Transformer(TransformerConfig.dates(20, 14)).eval()
     assert model.config.max_len == 512
     with torch.no_grad():
-        model.generator.bias[EOS] = -1e4  # the trick the lesson and the benchmark use
+        model.head.bias[EOS] = -1e4  # the trick the lesson and the benchmark use
     src = source(0, 2, 12, 20)
     out = greedy_decode_cached(model, src, BOS, EOS, 24)
     assert out.shape == (2, 24) and not (out == EOS).any()
@@ -287,7 +287,7 @@ def test_minilm_benchmark_smoke():
 def test_importing_scale_has_no_side_effects():
     import subprocess
 
-    code = ("import torch; s = torch.random.get_rng_state(); import helpers.scale, helpers.checks.lesson09; "
+    code = ("import torch; s = torch.random.get_rng_state(); import helpers.sdpa_kernels, helpers.checks.lesson09; "
             "assert torch.equal(s, torch.random.get_rng_state())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -201,7 +201,7 @@ def test_transformer_logits_equal_torch_transformer(norm_first):
     hidden = ref(model.encoder.embed_tokens(src), model.decoder.embed_tokens(tgt),
                  tgt_mask=~causal_mask(6), src_key_padding_mask=src == PAD,
                  tgt_key_padding_mask=tgt == PAD, memory_key_padding_mask=src == PAD)
-    expected = model.generator(hidden)
+    expected = model.head(hidden)
     assert got.shape == (3, 6, TGT_V)
     assert worst(got, expected) < TOL, worst(got, expected)
 
@@ -324,8 +324,8 @@ def test_greedy_decode_layout_and_stops_at_eos():
 def test_greedy_decode_stops_once_every_row_has_eos():
     model = make_model(seed=5)
     with torch.no_grad():  # make eos the runaway favourite
-        model.generator.bias.zero_()
-        model.generator.bias[EOS] = 100.0
+        model.head.bias.zero_()
+        model.head.bias[EOS] = 100.0
     out = greedy_decode(model, ids(3, 4, SRC_V, 0), BOS, EOS, max_len=20)
     assert out.tolist() == [[BOS, EOS]] * 3
 
@@ -333,7 +333,7 @@ def test_greedy_decode_stops_once_every_row_has_eos():
 class Scripted(Transformer):
     """A Transformer whose next-token distribution is written by hand, to test the decoders exactly.
 
-    encode() hands the source ids on as the "memory"; _decode() looks up the last position's
+    encode() hands the source ids on as the "memory"; decode_step() looks up the last position's
     distribution in ``table`` (prefix -> {token: probability}) or, without a table, emits eos once
     the prefix is as long as the row's first source id and token 3 before that.
     """
@@ -345,8 +345,8 @@ class Scripted(Transformer):
     def encode(self, src):
         return src.to(DT)[..., None], torch.ones(src.shape[0], 1, 1, src.shape[1], dtype=torch.bool)
 
-    def _decode(self, tgt, memory, src_mask=None, cache=None):
-        B, T = tgt.shape
+    def decode_step(self, tgt, cache):
+        B, T, memory = *tgt.shape, cache.memory
         logits = torch.full((B, T, TGT_V), -1e9, dtype=DT)  # (B, T, V)
         for b, row in enumerate(tgt.tolist()):
             if self.table is None:

@@ -1,8 +1,8 @@
-"""Attention at scale: choosing a kernel of F.scaled_dot_product_attention (lesson 09).
+"""Choosing the kernel of F.scaled_dot_product_attention (lesson 09).
 
 Lesson 09's other pieces have their homes elsewhere: measuring (time, peak memory, FLOPs, peak
 throughput, cost slopes, CPU threads) in helpers.device, the KV cache in the model
-(helpers.attention.KVCache, helpers.transformer.greedy_decode_cached), sparse masks in helpers.masks.
+(helpers.attention.KVCache, helpers.decoding.greedy_decode_cached), sparse masks in helpers.masks.
 """
 
 from __future__ import annotations
