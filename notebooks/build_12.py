@@ -147,7 +147,7 @@ baselines = {"unigram": unigram, "bigram": bigram, f"trigram (k = {k3})": trigra
 for name, bits in baselines.items():
     print(f"{name:17} {bits:.2f} bits per character on the whole valid split")
 print(f"(the trigram with k = 1 would score {trigram_k1:.2f})")
-assert 4.7 < unigram < 5.0 and 3.4 < bigram < 3.7 and 2.9 < trigram < 3.05 < trigram_k1
+assert 4.7 < unigram < 5.0 and 3.4 < bigram < 3.7 and 2.9 < trigram < trigram_k1 < 3.05
 """)
 
 md(r"""
@@ -330,9 +330,10 @@ for name, bits in baselines.items():
     crossing[name] = next(e["step"] for e in full["log"] if e["valid_bits"] < bits)
     print(f"valid windows drop below the {name} at step {crossing[name]}")
 last = full["log"][-1]
-print(f"after {last['step']} steps: train windows {last['train_bits']:.2f}, valid windows {last['valid_bits']:.2f}")
+print(f"after {last['step']} steps: train windows {last['train_bits']:.2f}, valid windows {last['valid_bits']:.2f} "
+      f"(a gap of {last['valid_bits'] - last['train_bits']:.2f} bits)")
 assert crossing["unigram"] <= crossing["bigram"] <= crossing[f"trigram (k = {k3})"] < last["step"]
-assert last["valid_bits"] < trigram - 0.5 and abs(last["train_bits"] - last["valid_bits"]) < 0.3
+assert last["valid_bits"] < trigram - 0.5
 """)
 
 md(r"""
@@ -574,7 +575,7 @@ final = {"unigram": ngram_bits_per_char(train_ids, test_ids, V, 1),
 for name, bits in final.items():
     print(f"{name:20} {bits:.2f} bits per character on the whole test split")
 values = list(final.values())
-assert values[0] > values[1] > values[2] and values[3] > values[4]
+assert values[0] > values[1] > values[2] and values[3] > values[2] > values[4]
 assert final["course GPT"] <= 2.25 < values[2] - 0.5
 """, IGNORE)
 
@@ -702,13 +703,15 @@ for name, (tr, va) in (("no dropout, no decay", plain), ("dropout 0.2, decay 0.1
 assert plain[1] - plain[0] > 1.0  # memorised: far better on its own slice than on new text
 assert braked[1] - braked[0] < plain[1] - plain[0] - 0.2  # the brakes close part of the gap
 assert abs(braked[1] - plain[1]) < 0.15  # on new text, both about as good (or bad)
+assert last["valid_bits"] - last["train_bits"] < 0.5 * (plain[1] - plain[0])  # the full run's gap is far smaller
 """, IGNORE)
 
 md(r"""
 The brakes close a good part of the gap: the model memorises less of its slice. They do not make
 it much better on new text, because 3,000 characters hold too little of English to learn from.
 Regularisation trades memorising for generalising; only more data, as the course model had, buys
-both. The full run above used weight decay 0.1 and no dropout, and its gap stays small.
+both. The full run above used weight decay 0.1 and no dropout: the distance between its train and
+valid curves is its own gap, small beside this one.
 """)
 
 md(r"""
