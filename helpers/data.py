@@ -292,6 +292,20 @@ def load_dates(split: str, data_dir=None) -> list[tuple[str, str]]:
     return pairs
 
 
+def _remake(name: str) -> str:
+    """How to make a data file again, in words, for its sha256 error (lesson 08)."""
+    if name.startswith("dates_"):
+        return "regenerate it with helpers.data.write_date_splits('data')"
+    if name == TEXT_FILE:
+        return "rebuild it with data/make_shakespeare.py (its docstring has the commands)"
+    if name.startswith("minilm_reference"):
+        return "rebuild it with data/minilm_reference.py (its docstring has the commands)"
+    if name.startswith("gpt_shakespeare"):
+        return ("if you re-trained the model on purpose (make train-gpt writes the checkpoint and its log), "
+                f"put the new sha256 of {name} in its row of data/README.md")
+    return "make it again as data/README.md describes"
+
+
 def check_sha256(path) -> None:
     """Raise DataFileError unless the file's sha256 is the one data/README.md beside it lists (lesson 08)."""
     path = Path(path)
@@ -302,11 +316,17 @@ def check_sha256(path) -> None:
     if listed is None:
         raise DataFileError(f"{readme} lists no sha256 for {path.name} (a table row "
                             f"| `{path.name}` | rows | bytes | `sha256` |)")
-    actual = hashlib.sha256(path.read_bytes()).hexdigest()
+    data = path.read_bytes()
+    actual = hashlib.sha256(data).hexdigest()
     if actual != listed.group(1):
+        restore = f"rm {path} && git checkout HEAD -- {path.name} (run in {path.parent})"
+        if b"\r\n" in data and hashlib.sha256(data.replace(b"\r\n", b"\n")).hexdigest() == listed.group(1):
+            raise DataFileError(f"{path} has Windows line ends (CRLF), written by a git checkout with "
+                                f"core.autocrlf=true; its sha256 is {actual}, {readme.name} lists {listed.group(1)}. "
+                                f"Restore it with its own line ends: {restore} (the repository's .gitattributes "
+                                "keeps data files byte-exact)")
         raise DataFileError(f"{path} differs from the committed file: its sha256 is {actual}, {readme.name} "
-                            f"lists {listed.group(1)}; restore it (git checkout -- {path.name}) or regenerate it "
-                            "with helpers.data.write_date_splits")
+                            f"lists {listed.group(1)}; restore it: {restore}, or {_remake(path.name)}")
 
 
 def char_vocabs(pairs) -> tuple[Vocab, Vocab]:

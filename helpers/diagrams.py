@@ -39,6 +39,25 @@ FONT = 10  # points; at 100 dpi every label stays readable at 100 % zoom
 SMALL = 9
 
 
+# --- the order test's tags ----------------------------------------------------------------------
+
+
+def _flow(column: int, direction: str, *kinds: str) -> str:
+    """The tag of a box that stands for sub-modules ``kinds`` of a model, in the order its forward calls them.
+
+    Architecture diagrams tag their boxes so that ``tests/test_diagrams.py`` can read them in the
+    order of the arrows (``direction`` "up" or "right" within ``column``) and compare that order with
+    the calls the model's forward makes (forward hooks). Kinds: "embed", "pos", "norm", "attn"
+    (self-attention), "cross" (cross-attention), "ff", "head" (the output layer), or a sub-module's name.
+    """
+    return f"flow:{column}:{direction}:{','.join(kinds)}"
+
+
+def _frame(column: int, times: int) -> str:
+    """The tag of a frame whose boxes stand for ``times`` repetitions (a layer drawn once, run ``times``)."""
+    return f"frame:{column}:{times}"
+
+
 # --- validation --------------------------------------------------------------------------------
 
 
@@ -116,13 +135,16 @@ def _fit_height(fig, ax, height):
     ax.texts[0].set_y(height - 0.12)
 
 
-def box(ax, x, y, w, h, text="", role="other", fontsize=FONT, fill=True, lw=1.5, **text_kw):
-    """A rounded box centred at (x, y), coloured by role, with centred text (lesson 01)."""
+def box(ax, x, y, w, h, text="", role="other", fontsize=FONT, fill=True, lw=1.5, flow=None, **text_kw):
+    """A rounded box centred at (x, y), coloured by role, with centred text (lesson 01).
+
+    ``flow`` tags a box of an architecture diagram with the sub-modules it stands for (see ``_flow``).
+    """
     from matplotlib.patches import FancyBboxPatch
 
     color = ROLE_COLORS.get(role, role)
     patch = FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0,rounding_size=0.06",
-                           facecolor=_tint(color) if fill else "white", edgecolor=color, linewidth=lw)
+                           facecolor=_tint(color) if fill else "white", edgecolor=color, linewidth=lw, gid=flow)
     ax.add_patch(patch)
     if text:
         ax.text(x, y, text, ha="center", va="center", fontsize=fontsize, **text_kw)
@@ -157,9 +179,9 @@ def token_row(ax, tokens, x0, y, width, h=0.36, role="other", fontsize=FONT, max
     return centres
 
 
-def tensor(ax, x, y, w, h, name, shape, role="other", fontsize=FONT):
+def tensor(ax, x, y, w, h, name, shape, role="other", fontsize=FONT, flow=None):
     """A tensor as a labelled block: its name on top, its shape below, coloured by role (lesson 02)."""
-    box(ax, x, y, w, h, role=role)
+    box(ax, x, y, w, h, role=role, flow=flow)
     ax.text(x, y + 0.11, name, ha="center", va="center", fontsize=fontsize + 1, weight="bold")
     ax.text(x, y - 0.14, shape, ha="center", va="center", fontsize=SMALL)
 
@@ -377,7 +399,8 @@ def multi_head_diagram(T, d_model, n_heads, B=1):
     for role, y in ys.items():
         name = {"query": "W_Q", "key": "W_K", "value": "W_V"}[role]
         arrow(ax, (1.45, 2.7), (1.9, y), role=role)
-        tensor(ax, 2.5, y, 1.15, 0.7, name, f"(C, C) = ({C}, {C})", role=role)
+        tensor(ax, 2.5, y, 1.15, 0.7, name, f"(C, C) = ({C}, {C})", role=role,
+               flow=_flow(0, "right", "w_" + name[-1].lower()))
         arrow(ax, (3.08, y), (3.4, y), role=role)
         tensor(ax, 4.25, y, 1.6, 0.75, f"split {name[-1]}", f"(B, H, T, D)\n= ({B}, {H}, {T}, {D})", role=role)
     # heads
@@ -404,7 +427,7 @@ def multi_head_diagram(T, d_model, n_heads, B=1):
     arrow(ax, (7.45, 2.7), (7.8, 2.7))
     tensor(ax, 8.45, 2.7, 1.3, 0.95, "concat", f"(B, T, H D)\n= ({B}, {T}, {H * D})")
     arrow(ax, (9.1, 2.95), (9.4, 3.4))
-    tensor(ax, 10.1, 3.5, 1.4, 0.7, "W_o", f"(C, C) = ({C}, {C})")
+    tensor(ax, 10.1, 3.5, 1.4, 0.7, "W_o", f"(C, C) = ({C}, {C})", flow=_flow(0, "right", "w_o"))
     arrow(ax, (10.1, 3.14), (10.1, 2.3))
     tensor(ax, 10.1, 1.9, 1.4, 0.75, "out", f"(B, T, C)\n= ({B}, {T}, {C})")
     ax.text(0.2, 0.25, f"each projection reads all C = {C} input features; each head gets its own D = {D} of the "
@@ -527,6 +550,7 @@ def pre_post_ln_diagram(config=None, *, d_model=None, n_heads=None, d_ff=None):
     ffn = f"feed-forward\nC -> d_ff -> C = {C} -> {F} -> {C}"
 
     def column(x, pre):
+        col = int(pre)
         ax.text(x, 6.45, "Pre-LN (norm_first=True)" if pre else "Post-LN (Vaswani et al. 2017)",
                 ha="center", fontsize=FONT + 1, weight="bold")
         box(ax, x, 0.45, 1.6, 0.42, f"x (B, T, C = {C})", fontsize=SMALL)
@@ -542,10 +566,11 @@ def pre_post_ln_diagram(config=None, *, d_model=None, n_heads=None, d_ff=None):
                 ax.text(x, yk, "+", ha="center", va="center", fontsize=FONT + 2)
                 h = 0.34
             elif item == "LN":
-                box(ax, x, yk, 1.4, 0.42, "LayerNorm", role="position" if False else "mask", fontsize=FONT)
+                box(ax, x, yk, 1.4, 0.42, "LayerNorm", role="mask", fontsize=FONT, flow=_flow(col, "up", "norm"))
                 h = 0.42
             else:
-                box(ax, x, yk, 2.4, 0.56, item, role="weights" if item == attn else "other", fontsize=SMALL)
+                box(ax, x, yk, 2.4, 0.56, item, role="weights" if item == attn else "other", fontsize=SMALL,
+                    flow=_flow(col, "up", "attn" if item == attn else "ff"))
                 h = 0.56
             arrow(ax, (x, y), (x, yk - h / 2))
             y = yk + h / 2
@@ -587,9 +612,10 @@ def encoder_decoder_diagram(config, S=None, T=None):
 
     def column(x, w, ids, seq, n, name, h_max, inner):
         """Ids, embedding and n layers (at most 3 drawn) at x; inner(yc) fills a layer. Returns the y above them."""
+        col = int(name == "decoder")
         box(ax, x, 0.5, w, 0.45, ids, fontsize=SMALL)
         box(ax, x, 1.2, w, 0.5, f"embedding x sqrt(C) + sinusoidal positions\n(B, {seq}, C = {C})",
-            role="position", fontsize=SMALL)
+            role="position", fontsize=SMALL, flow=_flow(col, "up", "embed", "pos"))
         arrow(ax, (x, 0.72), (x, 0.95))
         y = 1.45
         drawn = list(range(n)) if n <= 3 else [0, None, n - 1]
@@ -598,8 +624,9 @@ def encoder_decoder_diagram(config, S=None, T=None):
             yc = y + 0.2 + h_layer / 2
             if i is None:
                 ax.text(x, yc, f"... layers 2 to {n - 1} ...", ha="center", va="center", fontsize=FONT)
-            else:
-                box(ax, x, yc, w, h_layer - 0.1, fill=False)
+            else:  # layer 1 stands for itself and the layers elided after it
+                times = n - 1 if (n > 3 and i == 0) else 1
+                box(ax, x, yc, w, h_layer - 0.1, fill=False, flow=_frame(col, times))
                 ax.text(x - w / 2 + 0.1, yc + h_layer / 2 - 0.2, f"{name} layer {i + 1}", fontsize=SMALL,
                         weight="bold")
                 inner(yc)
@@ -609,13 +636,16 @@ def encoder_decoder_diagram(config, S=None, T=None):
 
     # Inside a layer the sub-layers run bottom-up, like the layers themselves: attention first.
     def encoder_layer(yc):
-        box(ax, xe, yc - 0.35, 2.8, 0.32, "self-attention (padding mask)", role="key", fontsize=SMALL)
-        box(ax, xe, yc + 0.05, 2.8, 0.28, f"feed-forward {C} -> {F} -> {C}", fontsize=SMALL)
+        box(ax, xe, yc - 0.35, 2.8, 0.32, "self-attention (padding mask)", role="key", fontsize=SMALL,
+            flow=_flow(0, "up", "attn"))
+        box(ax, xe, yc + 0.05, 2.8, 0.28, f"feed-forward {C} -> {F} -> {C}", fontsize=SMALL, flow=_flow(0, "up", "ff"))
 
     def decoder_layer(yc):
-        box(ax, xd, yc - 0.45, 3.0, 0.26, "causal self-attention (causal & padding)", role="mask", fontsize=SMALL)
-        box(ax, xd, yc - 0.1, 3.0, 0.26, "cross-attention: Q here, K V = memory", role="query", fontsize=SMALL)
-        box(ax, xd, yc + 0.25, 3.0, 0.24, f"feed-forward {C} -> {F} -> {C}", fontsize=SMALL)
+        box(ax, xd, yc - 0.45, 3.0, 0.26, "causal self-attention (causal & padding)", role="mask", fontsize=SMALL,
+            flow=_flow(1, "up", "attn"))
+        box(ax, xd, yc - 0.1, 3.0, 0.26, "cross-attention: Q here, K V = memory", role="query", fontsize=SMALL,
+            flow=_flow(1, "up", "cross"))
+        box(ax, xd, yc + 0.25, 3.0, 0.24, f"feed-forward {C} -> {F} -> {C}", fontsize=SMALL, flow=_flow(1, "up", "ff"))
         arrow(ax, (xe + 1.6, mem_y), (xd - 1.5, yc - 0.1), role="value", lw=1.6, connectionstyle="arc3,rad=-0.15")
 
     y = column(xe, 3.2, f"source ids (B, {S_txt}), vocab {V_src}", S_txt, n_enc, "encoder", 1.3, encoder_layer)
@@ -625,7 +655,7 @@ def encoder_decoder_diagram(config, S=None, T=None):
     y = column(xd, 3.4, f"target ids, shifted right: <s> y0 ... (B, {T_txt})", T_txt, n_dec, "decoder", 1.55,
                decoder_layer)
     box(ax, xd, y + 0.45, 3.4, 0.5, f"head Linear(C, V) = ({C}, {V_tgt})\nlogits (B, {T_txt}, V = {V_tgt})",
-        role="weights", fontsize=SMALL)
+        role="weights", fontsize=SMALL, flow=_flow(1, "up", "head"))
     arrow(ax, (xd, y), (xd, y + 0.2))
     top = max(y + 0.75, mem_y + 0.3)
     ax.text(xe, top + 0.2, "encoder", ha="center", fontsize=FONT + 1, weight="bold")
@@ -736,27 +766,28 @@ def minilm_diagram(config, tokens=None, vocab_size=None):
     token_row(ax, tokens, x - w / 2, 0.45, w, role="other", fontsize=SMALL, max_w=0.62)
     ax.text(x + w / 2 + 0.15, 0.45, f"WordPiece ids (B, L = {L})", va="center", fontsize=SMALL)
     steps = [
-        (1.3, 0.55, f"word embedding ({V:,} x {C})\n+ learned position (max {P}) + token type", "position"),
-        (2.05, 0.4, "LayerNorm (eps 1e-12)", "other"),
+        (1.3, 0.55, f"word embedding ({V:,} x {C})\n+ learned position (max {P}) + token type", "position",
+         ("embed", "embed", "pos")),
+        (2.05, 0.4, "LayerNorm (eps 1e-12)", "other", ("norm",)),
     ]
     y_prev = 0.65
-    for y, h, text, role in steps:
+    for y, h, text, role, kinds in steps:
         arrow(ax, (x, y_prev), (x, y - h / 2))
-        box(ax, x, y, w, h, text, role=role, fontsize=SMALL)
+        box(ax, x, y, w, h, text, role=role, fontsize=SMALL, flow=_flow(0, "up", *kinds))
         y_prev = y + h / 2
     # one encoder layer, drawn once, repeated n times (Post-LN: add, then normalise)
     y0, y1 = 2.55, 5.35
-    box(ax, x, (y0 + y1) / 2, w + 0.3, y1 - y0, fill=False)
+    box(ax, x, (y0 + y1) / 2, w + 0.3, y1 - y0, fill=False, flow=_frame(0, n))
     ax.text(x + w / 2 + 0.3, (y0 + y1) / 2, f"x {n} layers", va="center", fontsize=FONT + 1, weight="bold")
     inner = [(2.95, f"multi-head self-attention: {H} heads of D = {D}\nkeys at pads masked (padding mask)",
-              "key", 0.5), (3.6, "add the input, then LayerNorm", "other", 0.34),
-             (4.25, f"feed-forward {C} -> {F} -> {C}, GELU", "other", 0.4),
-             (4.9, "add the input, then LayerNorm", "other", 0.34)]
+              "key", 0.5, "attn"), (3.6, "add the input, then LayerNorm", "other", 0.34, "norm"),
+             (4.25, f"feed-forward {C} -> {F} -> {C}, GELU", "other", 0.4, "ff"),
+             (4.9, "add the input, then LayerNorm", "other", 0.34, "norm")]
     arrow(ax, (x, y_prev), (x, y0))
     y_prev = y0
-    for y, text, role, h in inner:
+    for y, text, role, h, kind in inner:
         arrow(ax, (x, y_prev), (x, y - h / 2))
-        box(ax, x, y, w - 0.4, h, text, role=role, fontsize=SMALL)
+        box(ax, x, y, w - 0.4, h, text, role=role, fontsize=SMALL, flow=_flow(0, "up", kind))
         y_prev = y + h / 2
     outs = [(5.95, 0.5, f"hidden states (B, L = {L}, C = {C})", "other"),
             (6.7, 0.5, "mean over the real tokens (the mask skips pads)", "mask"),
@@ -836,10 +867,12 @@ def gpt_diagram(config, T=None):
     T_txt = "T" if T is None else f"T = {_positive_int('T', T, L)}"
     fig, ax = canvas(9.0, 8.0, f"decoder-only GPT: C = {C}, H = {H} (D = {D}), d_ff = {F}, {n} blocks, "
                      f"V = {V}, context {L}")
-    x, w = 3.3, 3.6
+    x, w = 3.3, 4.0
     box(ax, x, 0.45, w, 0.42, f"token ids (B, {T_txt})", fontsize=SMALL)
-    box(ax, x - 0.95, 1.15, 1.7, 0.5, f"token embedding\n({V}, {C})", role="weights", fontsize=SMALL)
-    box(ax, x + 0.95, 1.15, 1.7, 0.5, f"learned positions\n({L}, {C})", role="position", fontsize=SMALL)
+    box(ax, x - 0.95, 1.15, 1.7, 0.5, f"token embedding\n({V}, {C})", role="weights", fontsize=SMALL,
+        flow=_flow(0, "up", "embed"))
+    box(ax, x + 0.95, 1.15, 1.7, 0.5, f"learned positions\n({L}, {C})", role="position", fontsize=SMALL,
+        flow=_flow(0, "up", "pos"))
     arrow(ax, (x - 0.95, 0.67), (x - 0.95, 0.9))
     arrow(ax, (x + 0.95, 0.67), (x + 0.95, 0.9))
     ax.text(x, 1.15, "+", ha="center", va="center", fontsize=FONT + 4)
@@ -852,21 +885,24 @@ def gpt_diagram(config, T=None):
         if i is None:
             ax.text(x, yc, f"... blocks 2 to {n - 1} ...", ha="center", va="center", fontsize=FONT)
         else:
-            box(ax, x, yc, w, h - 0.1, fill=False)
+            times = n - 1 if (n > 3 and i == 0) else 1  # block 1 stands for itself and the elided blocks
+            box(ax, x, yc, w, h - 0.1, fill=False, flow=_frame(0, times))
             ax.text(x - w / 2 + 0.1, yc + h / 2 - 0.22, f"block {i + 1} (Pre-LN)", fontsize=SMALL, weight="bold")
-            box(ax, x, yc + 0.02, w - 0.3, 0.3, "x + causal self-attention(LayerNorm(x))", role="mask",
-                fontsize=SMALL)
-            box(ax, x, yc - 0.4, w - 0.3, 0.28, f"x + feed-forward(LayerNorm(x)): {C} -> {F} -> {C}",
-                fontsize=SMALL)
-            box(ax, x + w / 2 + 1.45, yc + 0.02, 2.3, 0.5, f"KV cache, K and V:\n(B, {kv}, {L}, {D}) each",
+            # bottom-up like the blocks themselves: attention first, then the feed-forward net
+            box(ax, x, yc - 0.4, w - 0.3, 0.3, "x + causal self-attention(LayerNorm(x))", role="mask",
+                fontsize=SMALL, flow=_flow(0, "up", "norm", "attn"))
+            arrow(ax, (x, yc - 0.25), (x, yc - 0.12))
+            box(ax, x, yc + 0.02, w - 0.3, 0.28, f"x + feed-forward(LayerNorm(x)): {C} -> {F} -> {C}",
+                fontsize=SMALL, flow=_flow(0, "up", "norm", "ff"))
+            box(ax, x + w / 2 + 1.45, yc - 0.4, 2.3, 0.5, f"KV cache, K and V:\n(B, {kv}, {L}, {D}) each",
                 role="key", fontsize=SMALL)
-            arrow(ax, (x + w / 2 - 0.15, yc + 0.02), (x + w / 2 + 0.3, yc + 0.02), role="key", style="<|-|>")
+            arrow(ax, (x + w / 2 - 0.15, yc - 0.4), (x + w / 2 + 0.3, yc - 0.4), role="key", style="<|-|>")
         y += 0.2 + h
     arrow(ax, (x, y), (x, y + 0.2))
-    box(ax, x, y + 0.42, w, 0.4, "final LayerNorm", fontsize=SMALL)
+    box(ax, x, y + 0.42, w, 0.4, "final LayerNorm", fontsize=SMALL, flow=_flow(0, "up", "norm"))
     arrow(ax, (x, y + 0.62), (x, y + 0.82))
     box(ax, x, y + 1.07, w, 0.5, f"output = same ({V}, {C}) matrix, transposed\nlogits (B, {T_txt}, V = {V})",
-        role="weights", fontsize=SMALL)
+        role="weights", fontsize=SMALL, flow=_flow(0, "up", "head"))
     arrow(ax, (x - 0.95 - 0.85, 1.15), (x - w / 2, y + 1.07), role="weights", lw=1.2,
           connectionstyle="arc3,rad=-0.35", text="tied", text_offset=(-1.2, 0.0))
     ax.text(x + w / 2 + 1.45, y + 1.07, "generation: each step runs\nonly the newest token and\nreads every "

@@ -249,3 +249,182 @@ def test_multi_head_diagram_numbers_heads_from_1_and_says_the_heads_slice_the_pr
     plt.close(fig)
     assert "head 1:" in texts and "head 3:" in texts and "head 0" not in texts
     assert "each projection reads all C = 12 input features" in texts and "projected features" in texts
+
+
+# --- every architecture diagram follows its model's forward ----------------------------------------------------
+# A diagram's boxes carry tags (helpers.diagrams._flow, _frame) naming the sub-modules each box stands for. Read
+# along the arrows (bottom-up, or left to right), they must come in the order the model's forward calls those
+# sub-modules, as forward hooks record it. Boxes at the same height (or the same x) run side by side: their
+# modules may be called in either order.
+
+from collections import Counter  # noqa: E402
+from itertools import groupby  # noqa: E402
+
+import torch  # noqa: E402
+from matplotlib.patches import FancyBboxPatch  # noqa: E402
+
+KINDS = {"MultiHeadAttention": "attn", "FeedForward": "ff", "LayerNorm": "norm", "Embedding": "embed",
+         "PositionalEncoding": "pos", "LearnedPositionalEmbedding": "pos", "Linear": "head"}
+
+
+def _recorded_calls(model, run, by_name=False):
+    """The kinds of the sub-modules model's forward calls, in order; a classified module hides its insides."""
+    calls, handles, claimed = [], [], []
+    for name, module in model.named_modules():
+        if module is model or any(name.startswith(p + ".") for p in claimed):
+            continue
+        kind = name.rsplit(".", 1)[-1] if by_name else KINDS.get(type(module).__name__)
+        if kind is None:
+            continue
+        claimed.append(name)
+
+        def hook(mod, args, kwargs, kind=kind):
+            if kind == "attn":
+                query = args[0] if args else kwargs.get("query")
+                key = args[1] if len(args) > 1 else kwargs.get("key")
+                kind = "attn" if key is query else "cross"  # cross-attention reads another sequence's keys
+            calls.append(kind)
+
+        handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def _drawn_order(fig):
+    """{column: [Counter of the kinds at one step along the arrows, ...]}, frames unrolled."""
+    items, frames = {}, {}
+    for patch in fig.axes[0].findobj(FancyBboxPatch):
+        tag = patch.get_gid()
+        if not tag:
+            continue
+        x0, y0, w, h = patch.get_x(), patch.get_y(), patch.get_width(), patch.get_height()
+        if tag.startswith("flow:"):
+            _, col, direction, kinds = tag.split(":")
+            along = y0 + h / 2 if direction == "up" else x0 + w / 2
+            items.setdefault(int(col), []).append((round(along, 6), kinds.split(",")))
+        elif tag.startswith("frame:"):
+            _, col, times = tag.split(":")
+            frames.setdefault(int(col), []).append((y0, y0 + h, int(times)))
+    order = {}
+    for col, col_items in items.items():
+        steps = {}
+        for along, kinds in col_items:
+            steps.setdefault(along, Counter()).update(kinds)
+        framed = [(next((f for f in frames.get(col, []) if f[0] <= along <= f[1]), None), steps[along])
+                  for along in sorted(steps)]
+        seq = []
+        for frame, run in groupby(framed, key=lambda pair: pair[0]):  # a frame's steps, repeated as it says
+            seq.extend([step for _, step in run] * (frame[2] if frame else 1))
+        order[col] = seq
+    return order
+
+
+def _assert_same_order(drawn, calls, what):
+    kinds = set().union(*drawn)
+    calls = [c for c in calls if c in kinds]  # modules the diagram does not draw (say, inner norms) are not read
+    i, readable = 0, [" + ".join(sorted(step.elements())) for step in drawn]
+    for k, step in enumerate(drawn):
+        got = Counter(calls[i:i + sum(step.values())])
+        assert got == step, (f"{what}: step {k} of the diagram draws {readable[k]}, but the forward calls "
+                             f"{' + '.join(sorted(got.elements()))} there\ndrawn: {readable}\ncalled: {calls}")
+        i += sum(step.values())
+    assert i == len(calls), f"{what}: the forward calls more than the diagram draws: {calls[i:]}"
+
+
+def _enc_dec(config):
+    from helpers.transformer import Transformer
+
+    model = Transformer(config).eval()
+    src, tgt = torch.randint(1, config.src_vocab_size, (2, 5)), torch.randint(1, config.tgt_vocab_size, (2, 4))
+    return [((0, 1), model, lambda: model(src, tgt))]
+
+
+def _pre_post(config):
+    from dataclasses import replace
+
+    from helpers.transformer import EncoderLayer
+
+    out, x = [], torch.randn(2, 5, config.d_model)
+    for col, pre in ((0, False), (1, True)):
+        layer = EncoderLayer(replace(config, norm_first=pre)).eval()
+        out.append(((col,), layer, lambda layer=layer: layer(x)))
+    return out
+
+
+def _minilm(config):
+    from helpers.pretrained import MiniLM
+
+    model = MiniLM(config).eval()
+    ids = torch.randint(1, config.src_vocab_size, (2, 6))
+    return [((0,), model, lambda: model(ids, torch.ones_like(ids, dtype=torch.bool)))]
+
+
+def _gpt(config):
+    from helpers.gpt import GPT
+
+    model = GPT(config).eval()
+    ids = torch.randint(0, config.vocab_size, (2, 7))
+    return [((0,), model, lambda: model(ids))]
+
+
+def _mha(d_model, n_heads):
+    from helpers.attention import MultiHeadAttention
+
+    model = MultiHeadAttention(d_model, n_heads).eval()
+    x = torch.randn(2, 5, d_model)
+    return [((0,), model, lambda: model(x, x, x))]
+
+
+# (diagram, its kwargs, the models with the columns each stands for, whether hooks classify sub-modules by name)
+ARCHITECTURE_CASES = [
+    ("pre_post_ln_diagram", dict(config=_config(32, 4, 64, 1, 1, False)), lambda: _pre_post(_config(32, 4, 64, 1, 1,
+                                                                                                       False)), False),
+    ("encoder_decoder_diagram", dict(config=_config(32, 4, 64, 2, 3, True)), lambda: _enc_dec(_config(32, 4, 64, 2, 3,
+                                                                                                      True)), False),
+    ("encoder_decoder_diagram", dict(config=_config(32, 4, 64, 5, 4, False)),
+     lambda: _enc_dec(_config(32, 4, 64, 5, 4, False)), False),
+    ("minilm_diagram", dict(config=_config(32, 4, 64, 3, 1, False)), lambda: _minilm(_config(32, 4, 64, 3, 1, False)),
+     False),
+    ("gpt_diagram", dict(config=GPTConfig(20, 32, 4, 2, 64, 16)), lambda: _gpt(GPTConfig(20, 32, 4, 2, 64, 16)), False),
+    ("gpt_diagram", dict(config=GPTConfig(20, 32, 4, 6, 64, 16)), lambda: _gpt(GPTConfig(20, 32, 4, 6, 64, 16)), False),
+    ("multi_head_diagram", dict(T=5, d_model=32, n_heads=4), lambda: _mha(32, 4), True),
+]
+# Diagrams that draw no model's forward: data, arithmetic or time steps, each tested on its own above.
+NOT_ARCHITECTURE = {"seq2seq_diagram", "rnn_vs_attention_path_diagram", "qkv_diagram", "softmax_gradient_diagram",
+                    "mask_diagram", "positional_rotation_diagram", "kv_cache_diagram", "flash_tiles_diagram"}
+
+
+@pytest.mark.parametrize("name, kwargs, models, by_name", ARCHITECTURE_CASES, ids=[c[0] for c in ARCHITECTURE_CASES])
+def test_architecture_diagram_follows_the_forward(name, kwargs, models, by_name):
+    fig = getattr(diagrams, name)(**kwargs)
+    try:
+        drawn = _drawn_order(fig)
+    finally:
+        plt.close(fig)
+    used = set()
+    for cols, model, run in models():
+        torch.manual_seed(0)
+        calls = _recorded_calls(model, run, by_name)
+        _assert_same_order([step for c in cols for step in drawn[c]], calls, f"{name} columns {cols}")
+        used.update(cols)
+    assert used == set(drawn), f"{name}: columns {set(drawn) - used} are drawn but compared with no model"
+
+
+def test_every_diagram_is_either_an_architecture_checked_against_its_model_or_none():
+    names = {n for n in diagrams.__all__ if n.endswith("_diagram")}
+    checked = {c[0] for c in ARCHITECTURE_CASES}
+    assert checked.isdisjoint(NOT_ARCHITECTURE) and checked | NOT_ARCHITECTURE == names, \
+        names ^ (checked | NOT_ARCHITECTURE)
+    for name in NOT_ARCHITECTURE:  # and those draw no box tagged as a model's sub-module
+        fn = getattr(diagrams, name)
+        kwargs = next(kw for f, kw, _ in CASES if f is fn)
+        fig = fn(**kwargs)
+        try:
+            assert _drawn_order(fig) == {}, name
+        finally:
+            plt.close(fig)

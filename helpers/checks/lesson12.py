@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from helpers.checks._core import Bug, Case, CheckResult, check, check_prediction
+from helpers.checks._core import Bug, Case, CheckResult, Reject, check, check_prediction, slip_at
 from helpers.data import Vocab
 
 __all__ = ["check_top_p_filter", "check_temperature_sample", "check_bits_per_char", "check_cached_step",
@@ -38,9 +38,14 @@ def check_top_p_filter(fn) -> CheckResult:
              Case("the same, top_p=0.01 (one token always stays)", (probs.log(), 0.01)),
              Case("a batch (3, 20) of random logits, top_p=0.9", (2 * torch.randn(3, 20, generator=g), 0.9)),
              Case("random logits (2, 30), top_p=1.0 (keeps all)", (torch.randn(2, 30, generator=g), 1.0))]
-    bugs = [Bug("the token that crosses top_p was dropped: keep a token while the tokens ranked before it sum to "
-                "less than top_p (cumsum - p < top_p), not while its own cumsum <= top_p",
-                lambda x, p: _top_p_bug(x, p, lambda s, p: s.cumsum(-1) <= p)),
+    crossing = ("the token that crosses top_p was dropped: keep a token while the tokens ranked before it sum to "
+                "less than top_p (cumsum - p < top_p), not while its own cumsum {} top_p")
+    bugs = [Bug(crossing.format("<="), lambda x, p: _top_p_bug(x, p, lambda s, p: s.cumsum(-1) <= p)),
+            Bug(crossing.format("<") + " (cumsum < top_p can even drop every token)",
+                lambda x, p: _top_p_bug(x, p, lambda s, p: s.cumsum(-1) < p)),
+            Bug("the keep-mask went back to the wrong places: gather reads sorted_mask[order[i]], but the mask of "
+                "sorted position j belongs at position order[j]; write it there with scatter "
+                "(keep.scatter(-1, order, keep_sorted))", lambda x, p: _top_p_gather(x, p)),
             Bug("that keeps the least probable tokens: sort with descending=True",
                 lambda x, p: _top_p_bug(x, p, lambda s, p: s.flip(-1).cumsum(-1).flip(-1) - s < p)),
             Bug("the kept logits come back in sorted order: scatter the keep-mask back to the original positions "
@@ -50,7 +55,30 @@ def check_top_p_filter(fn) -> CheckResult:
                 lambda x, p: _top_p(x, p).nan_to_num(neginf=0.0)),
             Bug("the cumulative sum ran over the logits, not the probabilities: apply softmax first",
                 lambda x, p: _top_p_bug_logits(x, p))]
-    return check("top_p_filter", fn, _top_p, cases, bugs=bugs)
+    return check("top_p_filter", fn, _top_p, cases, bugs=bugs, adapt=_not_minus_inf)
+
+
+def _not_minus_inf(got, expected):
+    """Reject removed entries that hold a large negative number instead of -inf (-1e9, finfo.min)."""
+    if isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor) and got.shape == expected.shape \
+            and got.is_floating_point():
+        removed = expected == float("-inf")
+        finite = torch.isfinite(got[removed])
+        if removed.any() and finite.all() and (got[removed] < -1e3).all() \
+                and torch.allclose(got[~removed].double(), expected[~removed].double(), atol=1e-5, rtol=1e-4):
+            worst = got[removed].max().item()
+            return Reject(f"the removed entries hold {worst:.3g}, a large negative number, not -inf: softmax then "
+                          "gives them a tiny probability instead of exactly 0 (and at a high temperature or with "
+                          "very negative logits not even a tiny one); use float('-inf')")
+    return got
+
+
+def _top_p_gather(logits, top_p):
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    keep_sorted = sorted_probs.cumsum(-1) - sorted_probs < top_p
+    keep = keep_sorted.gather(-1, order)  # the slip: gather with the forward permutation
+    return logits.masked_fill(~keep, float("-inf"))
 
 
 def _top_p_bug_logits(logits, top_p):
@@ -59,6 +87,15 @@ def _top_p_bug_logits(logits, top_p):
     keep_sorted[..., 0] = True
     keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
     return logits.masked_fill(~keep, float("-inf"))
+
+
+def _greedy(fn) -> bool:
+    """Whether fn picks the argmax (a slip of its own, named by its Bug): on 64 uniform rows a sampler would not."""
+    try:
+        got = fn(torch.zeros(64, 50), 1.0, torch.Generator().manual_seed(0))
+        return isinstance(got, torch.Tensor) and bool((got == 0).all())
+    except Exception:
+        return False
 
 
 def _sample_ref(logits, temperature, seed):
@@ -75,7 +112,28 @@ def check_temperature_sample(fn) -> CheckResult:
              Case("logits (16, 9), temperature 0.8", (torch.randn(16, 9, generator=g), 0.8, 7))]
 
     def run(logits, temperature, seed):  # a fresh generator on every call, so both sides draw alike
-        return fn(logits, temperature, torch.Generator().manual_seed(seed))
+        import torch.distributions as dist
+
+        generator = torch.Generator().manual_seed(seed)
+        before, original, used = generator.get_state(), dist.Categorical.sample, []
+
+        def spy(self, *args, **kwargs):
+            used.append(True)
+            return original(self, *args, **kwargs)
+
+        dist.Categorical.sample = spy  # to name the slip of sampling with torch.distributions
+        try:
+            got = fn(logits, temperature, generator)
+        finally:
+            dist.Categorical.sample = original
+        if used:
+            return Reject("torch.distributions.Categorical(...).sample() draws from torch's global generator and "
+                          "cannot take the generator you were given, so the draw cannot be repeated: use "
+                          "torch.multinomial(probs, 1, generator=generator)")
+        if got is not None and torch.equal(generator.get_state(), before) and not _greedy(fn):
+            return Reject("your function never drew from the generator it was given (torch.multinomial without "
+                          "generator= draws from torch's global one): pass generator=generator")
+        return got
 
     bugs = [Bug("the logits were multiplied by the temperature: divide them (T < 1 sharpens, T > 1 flattens)",
                 lambda x, t, s: _sample_ref(x * t * t, t, s)),
@@ -178,12 +236,30 @@ def check_cached_step(fn) -> CheckResult:
     return check("cached_step", run, _step_ref, cases, bugs=bugs, atol=1e-5, layouts=False)
 
 
+# Exercise 5's model: not the lesson's; a wider GPT with grouped key/value heads, its cache full, float32
+CACHE_EXERCISE = dict(vocab_size=70, d_model=256, n_heads=8, n_layers=6, d_ff=1024, max_len=256, n_kv_heads=2)
+CACHE_EXERCISE_BATCH = 4
+
+
 def check_predict_cache_bytes(predicted) -> CheckResult:
-    """Compare a predicted KV-cache size in bytes of the course GPT (batch 1, full context) with it (lesson 12)."""
+    """Compare a predicted KV-cache size in bytes of exercise 5's GPT (batch 4, full context) with it (lesson 12)."""
+    from helpers.gpt import GPTConfig
+
+    cfg = GPTConfig(**CACHE_EXERCISE)
+    B, L, T, D, bytes_ = CACHE_EXERCISE_BATCH, cfg.n_layers, cfg.max_len, cfg.head_dim, 4
+    right = 2 * L * B * cfg.n_kv_heads * T * D * bytes_
+
     def measure():
-        from helpers.gpt import GPT, GPTConfig
+        from helpers.gpt import GPT
 
-        model = GPT(GPTConfig.course(70))
-        return sum(c.k.nbytes + c.v.nbytes for c in model.new_caches(1, model.config.max_len))
+        model = GPT(cfg)
+        return sum(c.k.nbytes + c.v.nbytes for c in model.new_caches(B, cfg.max_len))
 
-    return check_prediction("predict_cache_bytes", predicted, measure, "KV-cache size in bytes")
+    slips = [slip_at(right * cfg.n_heads / cfg.n_kv_heads, f"that counts a key and a value for every one of the "
+                     f"{cfg.n_heads} query heads: with n_kv_heads={cfg.n_kv_heads} only {cfg.n_kv_heads} heads keep "
+                     "keys and values", rel=1e-6),
+             slip_at(right / 2, "that is the keys alone (or the values alone): the cache keeps both", rel=1e-6),
+             slip_at(right / L, f"that is one layer: every one of the {L} blocks keeps its own cache", rel=1e-6),
+             slip_at(right / B, f"that is one sequence: the batch holds {B}", rel=1e-6),
+             slip_at(right / bytes_, "that counts numbers, not bytes: a float32 takes 4 bytes", rel=1e-6)]
+    return check_prediction("predict_cache_bytes", predicted, measure, "KV-cache size in bytes", slips=slips)

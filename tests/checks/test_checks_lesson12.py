@@ -42,6 +42,23 @@ def test_top_p_filter(accepts, rejects):
         return x.masked_fill(~keep, -math.inf)
 
     rejects(check_top_p_filter, ascending, "least probable")
+
+    def cumsum_below(x, p):  # the commonest slip: a token kept while its own running sum is below top_p
+        s, o = torch.softmax(x, -1).sort(-1, descending=True)
+        keep = torch.zeros_like(s, dtype=torch.bool).scatter(-1, o, s.cumsum(-1) < p)
+        return x.masked_fill(~keep, float("-inf"))
+
+    rejects(check_top_p_filter, cumsum_below, "not while its own cumsum < top_p")
+
+    def gathered(x, p):  # the mask put back with gather instead of scatter
+        s, o = torch.softmax(x, -1).sort(-1, descending=True)
+        keep = (s.cumsum(-1) - s < p).gather(-1, o)
+        return x.masked_fill(~keep, float("-inf"))
+
+    rejects(check_top_p_filter, gathered, "scatter")
+    for big in (-1e9, -1e30, torch.finfo(torch.float32).min):
+        rejects(check_top_p_filter, lambda x, p, big=big: top_p_filter(x, p).clamp(min=big),
+                "a large negative number, not -inf")
     rejects(check_top_p_filter, lambda x, p: 1 / 0, "ZeroDivisionError")
 
 
@@ -56,7 +73,15 @@ def test_temperature_sample(accepts, rejects):
     rejects(check_temperature_sample, lambda x, t, g: x.argmax(-1, keepdim=True), "greedy")
     rejects(check_temperature_sample, lambda x, t, g: torch.multinomial(torch.softmax(x / t, 0), 1, generator=g),
             "dim=-1")
-    rejects(check_temperature_sample, lambda x, t, g: torch.multinomial(torch.softmax(x / t, -1), 1), "✗")
+    rejects(check_temperature_sample, lambda x, t, g: torch.multinomial(torch.softmax(x / t, -1), 1),
+            "never drew from the generator it was given")
+
+    def categorical(x, t, g):
+        return torch.distributions.Categorical(logits=x / t).sample()[:, None]
+
+    rejects(check_temperature_sample, categorical, "torch.distributions.Categorical(...).sample()")
+    rejects(check_temperature_sample, lambda x, t, g: torch.distributions.Categorical(logits=x / t).sample(),
+            "torch.multinomial(probs, 1, generator=generator)")
 
 
 def bits_per_char_of(model, vocab, text):
@@ -113,6 +138,19 @@ def test_cached_step(accepts, rejects):
 
 
 def test_predict_cache_bytes(accepts, rejects):
-    accepts(check_predict_cache_bytes, 2 * 4 * 4 * 128 * 32 * 4)
+    right = 2 * 6 * 4 * 2 * 256 * 32 * 4  # K and V, 6 blocks, batch 4, 2 KV heads, 256 positions, D = 32, float32
+    accepts(check_predict_cache_bytes, right)
     rejects(check_predict_cache_bytes, None, "write your prediction first")
-    rejects(check_predict_cache_bytes, 4 * 4 * 128 * 32 * 4, "more than")
+    rejects(check_predict_cache_bytes, right * 4, "every one of the 8 query heads")
+    rejects(check_predict_cache_bytes, right // 2, "keys alone")
+    rejects(check_predict_cache_bytes, right // 6, "one layer")
+    rejects(check_predict_cache_bytes, right // 4 // 4 * 4, "one sequence")
+    rejects(check_predict_cache_bytes, right + 1, "✗")
+
+
+def test_exercise_5_is_not_the_lessons_model():
+    from helpers.checks.lesson12 import CACHE_EXERCISE
+    from helpers.gpt import GPTConfig
+
+    assert GPTConfig(**CACHE_EXERCISE) != GPTConfig.course(70)
+    assert CACHE_EXERCISE["n_kv_heads"] not in (None, CACHE_EXERCISE["n_heads"])
