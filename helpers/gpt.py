@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -40,7 +40,8 @@ class GPTConfig:
     dropout: float = 0.0  # on embeddings, residual branches and attention weights; 0 for small data runs
     n_kv_heads: int | None = None  # key/value heads: None = one per query head (MHA), 1 = multi-query
     tie_weights: bool = True  # output layer = embedding matrix (Press & Wolf 2017): fewer parameters
-    special_ids: tuple = ()  # ids generate() never samples: the vocabulary's <pad>, <s>, </s>
+    # ids generate() never samples: the vocabulary's <pad>, <s>, </s>; not a size, so left out of the printout
+    special_ids: tuple = field(default=(), repr=False)
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
