@@ -160,52 +160,6 @@ def check_additive_inputs(module, query, keys, values) -> None:
                          f"and values {shapes}")
 
 
-def check_mha_inputs(module, query, key, value, mask, need_weights, cache=None) -> None:
-    """Check the arguments of ``MultiHeadAttention.forward`` against the module (its width, dtype,
-    device) and, with a cache, against the cache (its batch size and room); key and value may then
-    both be None (read the cache only)."""
-    C, w = module.d_model, module.w_q.weight
-    given = [("query", query)] + ([] if cache is not None and key is None and value is None
-                                  else [("key", key), ("value", value)])
-    for name, t in given:
-        require_tensor(t, name, floating=True, dim=3, last=C, what=f"(B, L, d_model={C})")
-        if t.dtype != w.dtype or t.device != w.device:
-            raise TypeError(f"{name} is {t.dtype} on {t.device} but the module's weights are {w.dtype} on "
-                            f"{w.device}: convert one of them, e.g. module.to({name}.dtype)")
-    if len(given) == 3 and (key.shape[:2] != value.shape[:2] or query.shape[0] != key.shape[0]):
-        raise ValueError(
-            "query (B, T, C), key (B, S, C) and value (B, S, C) must agree on B and S: got "
-            f"{shape_str(query.shape)}, {shape_str(key.shape)}, {shape_str(value.shape)}"
-        )
-    if not isinstance(need_weights, bool):
-        raise TypeError(f"need_weights must be True or False, got {need_weights!r}")
-    B, T = query.shape[:2]
-    if cache is None:
-        S = key.shape[1]
-    else:
-        S = check_cache(module, cache, B, 0 if len(given) == 1 else key.shape[1])
-    if mask is not None:
-        check_mha_mask(mask, B, module.n_heads, T, S, device=query.device)
-
-
-def check_cache(module, cache, B: int, n_new: int) -> int:
-    """Check that ``cache`` (a helpers.attention.KVCache) fits the module and a batch of B, and has room
-    for n_new more positions; return S, the number of slots the queries will attend to."""
-    from helpers.attention import KVCache  # (imported here: attention imports this module)
-
-    if not isinstance(cache, KVCache):
-        raise TypeError(f"cache must be a helpers.attention.KVCache (from module.new_cache(batch, max_len)), "
-                        f"got {type(cache).__name__}")
-    want = (B, module.n_kv_heads, cache.max_len, module.head_dim)
-    if tuple(cache.k.shape) != want or cache.k.dtype != module.w_k.weight.dtype \
-            or cache.k.device != module.w_k.weight.device:
-        raise ValueError(f"the cache holds keys {shape_str(cache.k.shape)} {cache.k.dtype} on {cache.k.device}, "
-                         f"but this module and a batch of {B} need (B, n_kv_heads, max_len, head_dim) = "
-                         f"{shape_str(want)} {module.w_k.weight.dtype} on {module.w_k.weight.device}")
-    cache.check_room(n_new)
-    return cache.span(n_new)
-
-
 # One rule for masks, PyTorch's: the mask's axes are aligned with the scores' from the right.
 MASK_RULE = ("a 2-D mask is (T, S), shared by every batch item and head; any other mask has as many axes "
              "as the scores; a key-padding mask on (B, H, T, S) scores is (B, 1, 1, S)")
