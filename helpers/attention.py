@@ -50,6 +50,12 @@ def _zero_unread_values(v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(read, v, torch.zeros((), dtype=v.dtype, device=v.device))
 
 
+def _zero_silent_queries(q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q (..., T, D) with the rows of queries that may read no key set to 0: such a query reads nothing,
+    so a NaN in it must reach no gradient (d scores is 0 there, and 0 * NaN = NaN in d k)."""
+    return torch.where(mask.any(dim=-1, keepdim=True), q, torch.zeros((), dtype=q.dtype, device=q.device))
+
+
 def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0):
     """softmax(q k^T / sqrt(D)) v with a boolean mask, True = may attend (lesson 02; masks: 05).
 
@@ -71,6 +77,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0):
         # 0 * NaN = NaN: the k and v rows that nobody reads become 0, or NaN padding would reach the
         # output through v, and the gradient of q through k (d scores is 0 there, times a NaN key)
         k, v = _zero_unread_values(k, mask), _zero_unread_values(v, mask)
+        q = _zero_silent_queries(q, mask)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, S)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # blocked pairs get exp(-inf) = 0
@@ -92,7 +99,7 @@ def _fused_attention(q, k, v, mask=None, dropout_p: float = 0.0) -> torch.Tensor
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
     has_key = mask.any(dim=-1, keepdim=True)  # (..., T, 1): rows with at least one key to read
     # a fully masked row is let read every key (so the kernel stays finite), then set to 0
-    k, v = _zero_unread_values(k, mask), _zero_unread_values(v, mask)
+    k, v, q = _zero_unread_values(k, mask), _zero_unread_values(v, mask), _zero_silent_queries(q, mask)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)  # (..., T, Dv)
     return torch.where(has_key, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
@@ -141,6 +148,11 @@ class KVCache:
     """
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, static: bool = False):
+        require_tensor(k, "k", floating=True, dim=4, what="(B, n_kv_heads, max_len, head_dim)")
+        if v.shape != k.shape or v.dtype != k.dtype or v.device != k.device:
+            raise ValueError(f"a KVCache holds keys and values of one shape, dtype and device, (B, n_kv_heads, "
+                             f"max_len, head_dim): got k {shape_str(k.shape)} {k.dtype} on {k.device}, v "
+                             f"{shape_str(v.shape)} {v.dtype} on {v.device}")
         self.k, self.v = k, v  # (B, n_kv_heads, max_len, head_dim) each
         self.max_len = k.shape[2]
         self.length = 0
@@ -204,6 +216,10 @@ def _check_mha_inputs(module, query, key, value, mask, need_weights, cache=None)
         S = _check_cache(module, cache, B, 0 if len(given) == 1 else key.shape[1])
     if mask is not None:
         check_mha_mask(mask, B, module.n_heads, T, S, device=query.device)
+    elif cache is not None and cache.static:
+        raise ValueError(f"a static KVCache makes the queries attend to all its max_len={cache.max_len} slots, "
+                         "the ones not written yet too: give a mask that hides them (helpers.masks."
+                         "cached_causal_mask(cache.start(), T_new, cache.max_len))")
 
 
 def _check_cache(module, cache, B: int, n_new: int) -> int:

@@ -136,6 +136,8 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, mask=None, block_q: in
     delta = (grad_out.to(work) * out.to(work)).sum(dim=-1, keepdim=True)  # (B, H, T, 1): D_i = dO_i . O_i
     # A fully masked row has lse = -inf and scores -inf: exp(-inf - (+inf)) = 0, where -inf - (-inf) is NaN.
     lse = torch.where(lse == float("-inf"), float("inf"), lse.to(work)).unsqueeze(-1)  # (B, H, T, 1)
+    # a query that reads nothing (lse = -inf) gets dS = 0, but 0 * NaN = NaN in dK = dS^T Q: zero its row
+    q = q.masked_fill(torch.isinf(lse), 0.0)  # (B, H, T, D)
     dq = torch.zeros(B, H, T, D, dtype=work, device=q.device)  # (B, H, T, D), summed over key blocks
     dk, dv = torch.empty_like(k), torch.empty_like(v)  # (B, H, S, D), (B, H, S, Dv)
     for j0 in range(0, S, block_k):
