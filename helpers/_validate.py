@@ -49,11 +49,25 @@ def positive_ints(**values) -> tuple[int, ...]:
     return tuple(positive_int(value, name) for name, value in values.items())
 
 
+def as_real(value) -> float | None:
+    """``value`` as a Python float if it is a real number (int, float, numpy scalar, 0-d real tensor), else None.
+
+    The one number rule of the helpers, the companion of ``as_int``: bools are not numbers here.
+    """
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype != torch.bool \
+            and not value.is_complex():
+        return float(value.item())
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
 def probability(value, name: str) -> float:
     """``value`` as a float in [0, 1) (a dropout rate); bools and non-numbers are rejected."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+    x = as_real(value)
+    if x is None or not 0.0 <= x < 1.0:
         raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
-    return float(value)
+    return x
 
 
 def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0, dim: int | None = None,

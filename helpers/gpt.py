@@ -49,9 +49,11 @@ class GPTConfig:
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: each head gets "
                              f"d_model / n_heads = {self.d_model / self.n_heads:g} features, which must be whole")
-        kv = self.n_kv_heads
-        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0 or self.n_heads % kv):
-            raise ValueError(f"n_kv_heads must be None or a positive divisor of n_heads={self.n_heads}, got {kv!r}")
+        if self.n_kv_heads is not None:
+            kv = positive_int(self.n_kv_heads, "n_kv_heads")  # numpy ints become ints
+            if self.n_heads % kv:
+                raise ValueError(f"n_kv_heads must be None or a positive divisor of n_heads={self.n_heads}, got {kv!r}")
+            object.__setattr__(self, "n_kv_heads", kv)
         probability(self.dropout, "dropout")
         if not isinstance(self.tie_weights, bool):
             raise TypeError(f"tie_weights must be True or False, got {self.tie_weights!r}")

@@ -16,7 +16,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from helpers._validate import as_int, check_ids, positive_int, probability, require_tensor, shape_str
+from helpers._validate import as_int, as_real, check_ids, positive_int, probability, require_tensor, shape_str
 from helpers.attention import MultiHeadAttention
 from helpers.decoding import beam_search, greedy_decode, greedy_decode_cached  # noqa: F401 (lessons import them here)
 from helpers.layers import ACTIVATIONS, FeedForward, Residual, check_activation  # noqa: F401 (FeedForward: lesson 07)
@@ -68,7 +68,7 @@ class TransformerConfig:
             raise TypeError(f"norm_first must be True (Pre-LN) or False (Post-LN), got {self.norm_first!r}")
         check_activation(self.activation)
         eps = self.layer_norm_eps
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 1.0:
+        if as_real(eps) is None or not 0.0 < eps < 1.0:
             raise ValueError(f"layer_norm_eps must be a small positive number in (0, 1), got {eps!r}")
 
     @property
