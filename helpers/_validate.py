@@ -89,6 +89,22 @@ def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0, di
         raise ValueError(f"{name} must have shape {what}, got {shape_str(x.shape)}")
 
 
+def check_id_dtype(ids: torch.Tensor, name: str) -> None:
+    """Raise a TypeError unless the tensor ``ids`` has a dtype nn.Embedding takes (int64 or int32) (lesson 01)."""
+    if ids.dtype not in TOKEN_ID_DTYPES:  # int8, int16, uint8 crash inside nn.Embedding
+        narrow = ids.dtype != torch.bool and not ids.is_floating_point() and not ids.is_complex()
+        raise TypeError(f"{name} must hold integer token ids of dtype torch.int64 (torch.long) or torch.int32, "
+                        f"the ones nn.Embedding takes, got dtype {ids.dtype}"
+                        + (f"; convert them with {name}.long()" if narrow else ""))
+
+
+def check_heads(d_model: int, n_heads: int) -> None:
+    """Raise a ValueError unless d_model splits into n_heads heads of a whole number of features (lesson 04)."""
+    if d_model % n_heads != 0:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets "
+                         f"d_model / n_heads = {d_model / n_heads:g} features, which must be a whole number")
+
+
 def check_ids(ids, name: str, vocab_size: int, max_len: int, device: torch.device) -> None:
     """Raise a clear error unless ``ids`` is (B, L) int64/int32 token ids in [0, vocab_size), L <= max_len (lesson 08).
 
@@ -97,11 +113,7 @@ def check_ids(ids, name: str, vocab_size: int, max_len: int, device: torch.devic
     """
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
-    if ids.dtype not in TOKEN_ID_DTYPES:
-        narrow = ids.dtype != torch.bool and not ids.is_floating_point() and not ids.is_complex()
-        raise TypeError(f"{name} must hold integer token ids of dtype torch.int64 (torch.long) or torch.int32, "
-                        f"the ones nn.Embedding takes, got dtype {ids.dtype}"
-                        + (f"; convert them with {name}.long()" if narrow else ""))
+    check_id_dtype(ids, name)
     if ids.device != device:
         raise ValueError(f"{name} is on {ids.device} but the model is on {device}: move the ids there with "
                          f"{name}.to({str(device)!r})")

@@ -11,6 +11,7 @@ from torch import nn
 from helpers._validate import (
     check_additive_inputs,
     check_bool_mask,
+    check_heads,
     check_mha_mask,
     check_qkv,
     positive_int,
@@ -258,11 +259,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         d_model, n_heads = positive_int(d_model, "d_model"), positive_int(n_heads, "n_heads")
         n_kv_heads = n_heads if n_kv_heads is None else positive_int(n_kv_heads, "n_kv_heads")
-        if d_model % n_heads != 0:
-            raise ValueError(
-                f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets "
-                f"d_model / n_heads = {d_model / n_heads:g} features, which must be a whole number"
-            )
+        check_heads(d_model, n_heads)
         if n_heads % n_kv_heads != 0:
             raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: every key/value "
                              "head must serve the same number of query heads")
