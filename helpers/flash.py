@@ -136,8 +136,6 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, mask=None, block_q: in
     delta = (grad_out.to(work) * out.to(work)).sum(dim=-1, keepdim=True)  # (B, H, T, 1): D_i = dO_i . O_i
     # A fully masked row has lse = -inf and scores -inf: exp(-inf - (+inf)) = 0, where -inf - (-inf) is NaN.
     lse = torch.where(lse == float("-inf"), float("inf"), lse.to(work)).unsqueeze(-1)  # (B, H, T, 1)
-    # a query that reads nothing (lse = -inf) gets dS = 0, but 0 * NaN = NaN in dK = dS^T Q: zero its row
-    q = q.masked_fill(torch.isinf(lse), 0.0)  # (B, H, T, D)
     dq = torch.zeros(B, H, T, D, dtype=work, device=q.device)  # (B, H, T, D), summed over key blocks
     dk, dv = torch.empty_like(k), torch.empty_like(v)  # (B, H, S, D), (B, H, S, Dv)
     for j0 in range(0, S, block_k):
@@ -148,6 +146,9 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, mask=None, block_q: in
         for i0 in range(0, T, block_q):
             i1 = min(i0 + block_q, T)
             q_i, do_i = q[:, :, i0:i1].to(work), grad_out[:, :, i0:i1].to(work)  # (B, H, bq, D), (B, H, bq, Dv)
+            # a query that reads nothing (lse = -inf, stored as +inf) gets dS = 0, but 0 * NaN = NaN in
+            # dK = dS^T Q: its row of the tile is zeroed
+            q_i = q_i.masked_fill(torch.isinf(lse[:, :, i0:i1]), 0.0)  # (B, H, bq, D)
             s = (q_i @ k_j.transpose(-2, -1)) * scale  # (B, H, bq, bk)
             if full_mask is not None:
                 s = s.masked_fill(~full_mask[:, :, i0:i1, j0:j1], float("-inf"))
