@@ -129,6 +129,12 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest tests -q --ignore tests/test_browser.py --ignore tests/test_site.py
 
+# Planted bugs the unit tests must catch (tests/mutants.py), one at a time in a temporary copy of the
+# project; prints each mutant's fate and the survivors. `make mutants K=flash` runs only some.
+.PHONY: mutants
+mutants: $(STAMP)
+	$(PY) tests/mutants.py -k "$(K)"
+
 # Outputs are recorded on CPU, so nbval compares on CPU too. Two notebooks run at a time, one
 # thread each: two kernels with two threads each on two cores slow small models down many times.
 NB_ENV := COURSE_DEVICE=cpu OMP_NUM_THREADS=1 MKL_NUM_THREADS=1

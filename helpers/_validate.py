@@ -49,11 +49,25 @@ def positive_ints(**values) -> tuple[int, ...]:
     return tuple(positive_int(value, name) for name, value in values.items())
 
 
+def as_real(value) -> float | None:
+    """``value`` as a Python float if it is a real number (int, float, numpy scalar, 0-d real tensor), else None.
+
+    The one number rule of the helpers, the companion of ``as_int``: bools are not numbers here.
+    """
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype != torch.bool \
+            and not value.is_complex():
+        return float(value.item())
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
 def probability(value, name: str) -> float:
     """``value`` as a float in [0, 1) (a dropout rate); bools and non-numbers are rejected."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+    x = as_real(value)
+    if x is None or not 0.0 <= x < 1.0:
         raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
-    return float(value)
+    return x
 
 
 def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0, dim: int | None = None,
@@ -75,6 +89,22 @@ def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0, di
         raise ValueError(f"{name} must have shape {what}, got {shape_str(x.shape)}")
 
 
+def check_id_dtype(ids: torch.Tensor, name: str) -> None:
+    """Raise a TypeError unless the tensor ``ids`` has a dtype nn.Embedding takes (int64 or int32) (lesson 01)."""
+    if ids.dtype not in TOKEN_ID_DTYPES:  # int8, int16, uint8 crash inside nn.Embedding
+        narrow = ids.dtype != torch.bool and not ids.is_floating_point() and not ids.is_complex()
+        raise TypeError(f"{name} must hold integer token ids of dtype torch.int64 (torch.long) or torch.int32, "
+                        f"the ones nn.Embedding takes, got dtype {ids.dtype}"
+                        + (f"; convert them with {name}.long()" if narrow else ""))
+
+
+def check_heads(d_model: int, n_heads: int) -> None:
+    """Raise a ValueError unless d_model splits into n_heads heads of a whole number of features (lesson 04)."""
+    if d_model % n_heads != 0:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets "
+                         f"d_model / n_heads = {d_model / n_heads:g} features, which must be a whole number")
+
+
 def check_ids(ids, name: str, vocab_size: int, max_len: int, device: torch.device) -> None:
     """Raise a clear error unless ``ids`` is (B, L) int64/int32 token ids in [0, vocab_size), L <= max_len (lesson 08).
 
@@ -83,11 +113,7 @@ def check_ids(ids, name: str, vocab_size: int, max_len: int, device: torch.devic
     """
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
-    if ids.dtype not in TOKEN_ID_DTYPES:
-        narrow = ids.dtype != torch.bool and not ids.is_floating_point() and not ids.is_complex()
-        raise TypeError(f"{name} must hold integer token ids of dtype torch.int64 (torch.long) or torch.int32, "
-                        f"the ones nn.Embedding takes, got dtype {ids.dtype}"
-                        + (f"; convert them with {name}.long()" if narrow else ""))
+    check_id_dtype(ids, name)
     if ids.device != device:
         raise ValueError(f"{name} is on {ids.device} but the model is on {device}: move the ids there with "
                          f"{name}.to({str(device)!r})")
@@ -158,52 +184,6 @@ def check_additive_inputs(module, query, keys, values) -> None:
     if keys.shape[1] == 0:
         raise ValueError(f"the key length S must be >= 1 (softmax over no keys is undefined): got query, keys "
                          f"and values {shapes}")
-
-
-def check_mha_inputs(module, query, key, value, mask, need_weights, cache=None) -> None:
-    """Check the arguments of ``MultiHeadAttention.forward`` against the module (its width, dtype,
-    device) and, with a cache, against the cache (its batch size and room); key and value may then
-    both be None (read the cache only)."""
-    C, w = module.d_model, module.w_q.weight
-    given = [("query", query)] + ([] if cache is not None and key is None and value is None
-                                  else [("key", key), ("value", value)])
-    for name, t in given:
-        require_tensor(t, name, floating=True, dim=3, last=C, what=f"(B, L, d_model={C})")
-        if t.dtype != w.dtype or t.device != w.device:
-            raise TypeError(f"{name} is {t.dtype} on {t.device} but the module's weights are {w.dtype} on "
-                            f"{w.device}: convert one of them, e.g. module.to({name}.dtype)")
-    if len(given) == 3 and (key.shape[:2] != value.shape[:2] or query.shape[0] != key.shape[0]):
-        raise ValueError(
-            "query (B, T, C), key (B, S, C) and value (B, S, C) must agree on B and S: got "
-            f"{shape_str(query.shape)}, {shape_str(key.shape)}, {shape_str(value.shape)}"
-        )
-    if not isinstance(need_weights, bool):
-        raise TypeError(f"need_weights must be True or False, got {need_weights!r}")
-    B, T = query.shape[:2]
-    if cache is None:
-        S = key.shape[1]
-    else:
-        S = check_cache(module, cache, B, 0 if len(given) == 1 else key.shape[1])
-    if mask is not None:
-        check_mha_mask(mask, B, module.n_heads, T, S, device=query.device)
-
-
-def check_cache(module, cache, B: int, n_new: int) -> int:
-    """Check that ``cache`` (a helpers.attention.KVCache) fits the module and a batch of B, and has room
-    for n_new more positions; return S, the number of slots the queries will attend to."""
-    from helpers.attention import KVCache  # (imported here: attention imports this module)
-
-    if not isinstance(cache, KVCache):
-        raise TypeError(f"cache must be a helpers.attention.KVCache (from module.new_cache(batch, max_len)), "
-                        f"got {type(cache).__name__}")
-    want = (B, module.n_kv_heads, cache.max_len, module.head_dim)
-    if tuple(cache.k.shape) != want or cache.k.dtype != module.w_k.weight.dtype \
-            or cache.k.device != module.w_k.weight.device:
-        raise ValueError(f"the cache holds keys {shape_str(cache.k.shape)} {cache.k.dtype} on {cache.k.device}, "
-                         f"but this module and a batch of {B} need (B, n_kv_heads, max_len, head_dim) = "
-                         f"{shape_str(want)} {module.w_k.weight.dtype} on {module.w_k.weight.device}")
-    cache.check_room(n_new)
-    return cache.span(n_new)
 
 
 # One rule for masks, PyTorch's: the mask's axes are aligned with the scores' from the right.

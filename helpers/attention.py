@@ -11,7 +11,8 @@ from torch import nn
 from helpers._validate import (
     check_additive_inputs,
     check_bool_mask,
-    check_mha_inputs,
+    check_heads,
+    check_mha_mask,
     check_qkv,
     positive_int,
     probability,
@@ -50,6 +51,12 @@ def _zero_unread_values(v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(read, v, torch.zeros((), dtype=v.dtype, device=v.device))
 
 
+def _zero_silent_queries(q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q (..., T, D) with the rows of queries that may read no key set to 0: such a query reads nothing,
+    so a NaN in it must reach no gradient (d scores is 0 there, and 0 * NaN = NaN in d k)."""
+    return torch.where(mask.any(dim=-1, keepdim=True), q, torch.zeros((), dtype=q.dtype, device=q.device))
+
+
 def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0):
     """softmax(q k^T / sqrt(D)) v with a boolean mask, True = may attend (lesson 02; masks: 05).
 
@@ -71,6 +78,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0):
         # 0 * NaN = NaN: the k and v rows that nobody reads become 0, or NaN padding would reach the
         # output through v, and the gradient of q through k (d scores is 0 there, times a NaN key)
         k, v = _zero_unread_values(k, mask), _zero_unread_values(v, mask)
+        q = _zero_silent_queries(q, mask)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, S)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # blocked pairs get exp(-inf) = 0
@@ -92,7 +100,7 @@ def _fused_attention(q, k, v, mask=None, dropout_p: float = 0.0) -> torch.Tensor
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
     has_key = mask.any(dim=-1, keepdim=True)  # (..., T, 1): rows with at least one key to read
     # a fully masked row is let read every key (so the kernel stays finite), then set to 0
-    k, v = _zero_unread_values(k, mask), _zero_unread_values(v, mask)
+    k, v, q = _zero_unread_values(k, mask), _zero_unread_values(v, mask), _zero_silent_queries(q, mask)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)  # (..., T, Dv)
     return torch.where(has_key, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
@@ -141,6 +149,11 @@ class KVCache:
     """
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, static: bool = False):
+        require_tensor(k, "k", floating=True, dim=4, what="(B, n_kv_heads, max_len, head_dim)")
+        if v.shape != k.shape or v.dtype != k.dtype or v.device != k.device:
+            raise ValueError(f"a KVCache holds keys and values of one shape, dtype and device, (B, n_kv_heads, "
+                             f"max_len, head_dim): got k {shape_str(k.shape)} {k.dtype} on {k.device}, v "
+                             f"{shape_str(v.shape)} {v.dtype} on {v.device}")
         self.k, self.v = k, v  # (B, n_kv_heads, max_len, head_dim) each
         self.max_len = k.shape[2]
         self.length = 0
@@ -178,6 +191,54 @@ class KVCache:
         return self.k[:, :, :end], self.v[:, :, :end]  # (B, n_kv_heads, end, head_dim) each
 
 
+def _check_mha_inputs(module, query, key, value, mask, need_weights, cache=None) -> None:
+    """Check the arguments of ``MultiHeadAttention.forward`` against the module (its width, dtype,
+    device) and, with a cache, against the cache (its batch size and room); key and value may then
+    both be None (read the cache only)."""
+    C, w = module.d_model, module.w_q.weight
+    given = [("query", query)] + ([] if cache is not None and key is None and value is None
+                                  else [("key", key), ("value", value)])
+    for name, t in given:
+        require_tensor(t, name, floating=True, dim=3, last=C, what=f"(B, L, d_model={C})")
+        if t.dtype != w.dtype or t.device != w.device:
+            raise TypeError(f"{name} is {t.dtype} on {t.device} but the module's weights are {w.dtype} on "
+                            f"{w.device}: convert one of them, e.g. module.to({name}.dtype)")
+    if len(given) == 3 and (key.shape[:2] != value.shape[:2] or query.shape[0] != key.shape[0]):
+        raise ValueError(
+            "query (B, T, C), key (B, S, C) and value (B, S, C) must agree on B and S: got "
+            f"{shape_str(query.shape)}, {shape_str(key.shape)}, {shape_str(value.shape)}"
+        )
+    if not isinstance(need_weights, bool):
+        raise TypeError(f"need_weights must be True or False, got {need_weights!r}")
+    B, T = query.shape[:2]
+    if cache is None:
+        S = key.shape[1]
+    else:
+        S = _check_cache(module, cache, B, 0 if len(given) == 1 else key.shape[1])
+    if mask is not None:
+        check_mha_mask(mask, B, module.n_heads, T, S, device=query.device)
+    elif cache is not None and cache.static:
+        raise ValueError(f"a static KVCache makes the queries attend to all its max_len={cache.max_len} slots, "
+                         "the ones not written yet too: give a mask that hides them (helpers.masks."
+                         "cached_causal_mask(cache.start(), T_new, cache.max_len))")
+
+
+def _check_cache(module, cache, B: int, n_new: int) -> int:
+    """Check that ``cache`` (a helpers.attention.KVCache) fits the module and a batch of B, and has room
+    for n_new more positions; return S, the number of slots the queries will attend to."""
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be a helpers.attention.KVCache (from module.new_cache(batch, max_len)), "
+                        f"got {type(cache).__name__}")
+    want = (B, module.n_kv_heads, cache.max_len, module.head_dim)
+    if tuple(cache.k.shape) != want or cache.k.dtype != module.w_k.weight.dtype \
+            or cache.k.device != module.w_k.weight.device:
+        raise ValueError(f"the cache holds keys {shape_str(cache.k.shape)} {cache.k.dtype} on {cache.k.device}, "
+                         f"but this module and a batch of {B} need (B, n_kv_heads, max_len, head_dim) = "
+                         f"{shape_str(want)} {module.w_k.weight.dtype} on {module.w_k.weight.device}")
+    cache.check_room(n_new)
+    return cache.span(n_new)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, Vaswani et al. 2017 section 3.2.2 (lesson 04); KV cache and GQA: lesson 09.
 
@@ -198,11 +259,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         d_model, n_heads = positive_int(d_model, "d_model"), positive_int(n_heads, "n_heads")
         n_kv_heads = n_heads if n_kv_heads is None else positive_int(n_kv_heads, "n_kv_heads")
-        if d_model % n_heads != 0:
-            raise ValueError(
-                f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets "
-                f"d_model / n_heads = {d_model / n_heads:g} features, which must be a whole number"
-            )
+        check_heads(d_model, n_heads)
         if n_heads % n_kv_heads != 0:
             raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: every key/value "
                              "head must serve the same number of query heads")
@@ -234,7 +291,7 @@ class MultiHeadAttention(nn.Module):
         return k, v
 
     def forward(self, query, key, value, mask=None, need_weights: bool = True, cache: KVCache | None = None):
-        check_mha_inputs(self, query, key, value, mask, need_weights, cache)
+        _check_mha_inputs(self, query, key, value, mask, need_weights, cache)
         B, T, C = query.shape
         # 1) project, then split into heads; with a cache, store the new keys/values and read them all
         q = self._split_heads(self.w_q(query), self.n_heads)  # (B, H, T, D)

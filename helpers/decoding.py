@@ -15,11 +15,10 @@ one KV cache per block, and takes ``cache=None`` for a pass over the whole conte
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
-from helpers._validate import as_int, check_ids, positive_int, shape_str
+from helpers._validate import as_int, as_real, check_ids, positive_int, shape_str
 
 # --- the encoder-decoder (lesson 08) -----------------------------------------------------------
 
@@ -99,13 +98,13 @@ def beam_search(model, src: torch.Tensor, bos_id: int, eos_id: int, max_len: int
     """
     bos_id, eos_id, max_len = check_decode_args(model, src, bos_id, eos_id, max_len)
     beam_size = positive_int(beam_size, "beam_size")
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, numbers.Real) \
-            or not 0 <= length_penalty < math.inf:
+    alpha = as_real(length_penalty)
+    if alpha is None or not 0 <= alpha < math.inf:
         raise ValueError(f"length_penalty (alpha) must be a finite number >= 0, got {length_penalty!r}")
     was_training = model.training
     model.eval()
     try:
-        return _beam_search(model, src, bos_id, eos_id, max_len, beam_size, float(length_penalty))
+        return _beam_search(model, src, bos_id, eos_id, max_len, beam_size, alpha)
     finally:
         model.train(was_training)
 
@@ -273,8 +272,8 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k=None, to
             or logits.shape[-1] == 0:
         got = f"{shape_str(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"logits must be a floating tensor (..., V) with V >= 1, got {got}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not (temperature > 0 and math.isfinite(temperature)):
+    t = as_real(temperature)
+    if t is None or not (t > 0 and math.isfinite(t)):
         raise ValueError(f"temperature must be a positive finite number (1.0 = unchanged; use top_k=1 for "
                          f"greedy), got {temperature!r}")
     nan = torch.isnan(logits)
@@ -282,19 +281,20 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k=None, to
         where = tuple(nan.nonzero()[0].tolist())
         raise ValueError(f"logits hold NaN (first at index {where} of {shape_str(logits.shape)}): a model that "
                          "outputs NaN has no distribution to sample from")
-    x = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32)) / t
     if top_k is not None:
         top_k = min(positive_int(top_k, "top_k"), x.shape[-1])
         keep = torch.zeros_like(x, dtype=torch.bool).scatter_(-1, x.topk(top_k, dim=-1).indices, True)
         x = x.masked_fill(~keep, float("-inf"))
     if top_p is not None:
-        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+        p = as_real(top_p)
+        if p is None or not 0.0 < p <= 1.0:
             raise ValueError(f"top_p must be a probability in (0, 1], got {top_p!r}")
-        if top_p < 1.0:
+        if p < 1.0:
             probs = _probabilities(x)  # (..., V); float64 so the running sum is exact enough
             sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # (..., V)
             before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of the tokens ranked above
-            keep_sorted = before < top_p
+            keep_sorted = before < p
             keep_sorted[..., 0] = True  # the most probable token always stays
             keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
             x = x.masked_fill(~keep, float("-inf"))

@@ -146,6 +146,9 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, mask=None, block_q: in
         for i0 in range(0, T, block_q):
             i1 = min(i0 + block_q, T)
             q_i, do_i = q[:, :, i0:i1].to(work), grad_out[:, :, i0:i1].to(work)  # (B, H, bq, D), (B, H, bq, Dv)
+            # a query that reads nothing (lse = -inf, stored as +inf) gets dS = 0, but 0 * NaN = NaN in
+            # dK = dS^T Q: its row of the tile is zeroed
+            q_i = q_i.masked_fill(torch.isinf(lse[:, :, i0:i1]), 0.0)  # (B, H, bq, D)
             s = (q_i @ k_j.transpose(-2, -1)) * scale  # (B, H, bq, bk)
             if full_mask is not None:
                 s = s.masked_fill(~full_mask[:, :, i0:i1, j0:j1], float("-inf"))

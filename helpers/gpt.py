@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -40,7 +40,8 @@ class GPTConfig:
     dropout: float = 0.0  # on embeddings, residual branches and attention weights; 0 for small data runs
     n_kv_heads: int | None = None  # key/value heads: None = one per query head (MHA), 1 = multi-query
     tie_weights: bool = True  # output layer = embedding matrix (Press & Wolf 2017): fewer parameters
-    special_ids: tuple = ()  # ids generate() never samples: the vocabulary's <pad>, <s>, </s>
+    # ids generate() never samples: the vocabulary's <pad>, <s>, </s>; not a size, so left out of the printout
+    special_ids: tuple = field(default=(), repr=False)
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
@@ -48,9 +49,11 @@ class GPTConfig:
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: each head gets "
                              f"d_model / n_heads = {self.d_model / self.n_heads:g} features, which must be whole")
-        kv = self.n_kv_heads
-        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0 or self.n_heads % kv):
-            raise ValueError(f"n_kv_heads must be None or a positive divisor of n_heads={self.n_heads}, got {kv!r}")
+        if self.n_kv_heads is not None:
+            kv = positive_int(self.n_kv_heads, "n_kv_heads")  # numpy ints become ints
+            if self.n_heads % kv:
+                raise ValueError(f"n_kv_heads must be None or a positive divisor of n_heads={self.n_heads}, got {kv!r}")
+            object.__setattr__(self, "n_kv_heads", kv)
         probability(self.dropout, "dropout")
         if not isinstance(self.tie_weights, bool):
             raise TypeError(f"tie_weights must be True or False, got {self.tie_weights!r}")

@@ -16,18 +16,14 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from helpers._validate import TOKEN_ID_DTYPES, as_int, positive_int, positive_ints, require_tensor, shape_str
+from helpers._validate import as_int, check_id_dtype, positive_int, positive_ints, require_tensor, shape_str
 from helpers.attention import AdditiveAttention
 from helpers.masks import padding_mask_from_ids
 
 
 def _require_ids(x, name: str, vocab_size: int) -> None:
     require_tensor(x, name)
-    if x.dtype not in TOKEN_ID_DTYPES:  # the ids nn.Embedding takes; int8, int16, uint8 crash in it
-        narrow = x.dtype != torch.bool and not x.is_floating_point() and not x.is_complex()
-        raise TypeError(f"{name} must hold integer token ids of dtype torch.int64 (torch.long) or torch.int32, "
-                        f"the ones nn.Embedding takes, got dtype {x.dtype}"
-                        + (f"; convert them with {name}.long()" if narrow else ""))
+    check_id_dtype(x, name)
     if x.dim() != 2:
         raise ValueError(f"{name} must be a (B, L) tensor of token ids, got shape {shape_str(x.shape)}")
     if x.numel() and (x.min() < 0 or x.max() >= vocab_size):

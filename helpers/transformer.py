@@ -16,7 +16,16 @@ from functools import partial
 import torch
 from torch import nn
 
-from helpers._validate import as_int, check_ids, positive_int, probability, require_tensor, shape_str
+from helpers._validate import (
+    as_int,
+    as_real,
+    check_heads,
+    check_ids,
+    positive_int,
+    probability,
+    require_tensor,
+    shape_str,
+)
 from helpers.attention import MultiHeadAttention
 from helpers.decoding import beam_search, greedy_decode, greedy_decode_cached  # noqa: F401 (lessons import them here)
 from helpers.layers import ACTIVATIONS, FeedForward, Residual, check_activation  # noqa: F401 (FeedForward: lesson 07)
@@ -55,11 +64,7 @@ class TransformerConfig:
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
                      "n_encoder_layers", "n_decoder_layers", "max_len"):
             object.__setattr__(self, name, positive_int(getattr(self, name), name))  # numpy ints become ints
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: each head gets "
-                f"d_model / n_heads = {self.d_model / self.n_heads:g} features, which must be a whole number"
-            )
+        check_heads(self.d_model, self.n_heads)
         probability(self.dropout, "dropout")
         smallest = min(self.src_vocab_size, self.tgt_vocab_size)
         object.__setattr__(self, "pad_id", as_int(self.pad_id, "pad_id (a token id of both vocabularies)",
@@ -68,7 +73,7 @@ class TransformerConfig:
             raise TypeError(f"norm_first must be True (Pre-LN) or False (Post-LN), got {self.norm_first!r}")
         check_activation(self.activation)
         eps = self.layer_norm_eps
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 1.0:
+        if as_real(eps) is None or not 0.0 < eps < 1.0:
             raise ValueError(f"layer_norm_eps must be a small positive number in (0, 1), got {eps!r}")
 
     @property

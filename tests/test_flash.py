@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers.attention import scaled_dot_product_attention
+from helpers.attention import _fused_attention, scaled_dot_product_attention
 from helpers.device import peak_memory
 from helpers.flash import (
     FlashAttentionFunction,
@@ -418,3 +418,22 @@ def test_the_lessons_triton_kernel_is_the_tested_one():
     assert len(lesson) == 1
     helper = Path(__file__).resolve().parents[1] / "helpers" / "_flash_triton.py"  # imports Triton: read, not import
     assert kernel(ast.parse(lesson[0])) == kernel(ast.parse(helper.read_text()))
+
+
+def test_a_nan_query_that_reads_nothing_reaches_no_gradient():
+    """A fully masked query reads nothing: a NaN in it must leave dk, dv and the other rows of dq finite."""
+    torch.manual_seed(0)
+    q, k, v, d_out = (torch.randn(1, 2, 6, 8, dtype=torch.float64) for _ in range(4))
+    mask = torch.ones(1, 1, 6, 6, dtype=torch.bool)
+    mask[..., 2, :] = False  # query 2 may read no key
+    q[:, :, 2] = float("nan")
+    out, lse = flash_attention_forward(q, k, v, mask=mask, block_q=4, block_k=4)
+    dq, dk, dv = flash_attention_backward(q, k, v, out, lse, d_out, mask, 4, 4)
+    assert torch.isfinite(dk).all() and torch.isfinite(dv).all() and torch.isfinite(dq).all()
+    assert (dq[:, :, 2] == 0).all() and (out[:, :, 2] == 0).all()
+    # and the course's attention, both paths, under autograd
+    for fused in (False, True):
+        qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
+        attend = _fused_attention if fused else (lambda *a, **kw: scaled_dot_product_attention(*a, **kw)[0])
+        attend(qq, kk, v, mask=mask).mul(d_out).sum().backward()
+        assert torch.isfinite(kk.grad).all() and torch.isfinite(qq.grad).all(), fused

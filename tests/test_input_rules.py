@@ -219,3 +219,22 @@ def test_transformer_initialisation_zero_biases_xavier_weights_and_a_zero_pad_ro
     for embed in (model.encoder.embed, model.decoder.embed):
         assert torch.count_nonzero(embed.weight[0]) == 0  # the pad row
         assert abs(embed.weight[1:].std().item() - 32 ** -0.5) < 0.3 * 32 ** -0.5
+
+
+def test_numpy_and_0d_tensor_scalars_follow_one_rule():
+    """Sizes, top_k, temperature, top_p and dropout all take numpy and 0-d tensor scalars alike."""
+    import numpy as np
+
+    from helpers.gpt import GPTConfig, filter_logits
+
+    cfg = GPTConfig(np.int64(11), np.int32(16), 4, 2, 32, torch.tensor(8), dropout=np.float64(0.1),
+                    n_kv_heads=np.int64(2))
+    assert (cfg.vocab_size, cfg.max_len, cfg.n_kv_heads, cfg.dropout) == (11, 8, 2, 0.1)
+    assert isinstance(cfg.max_len, int) and isinstance(cfg.n_kv_heads, int)
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    expected = filter_logits(logits, 0.5, 2, 0.9)
+    for t, k, p in ((np.float32(0.5), np.int64(2), np.float64(0.9)),
+                    (torch.tensor(0.5), torch.tensor(2), torch.tensor(0.9, dtype=torch.float64))):
+        assert torch.allclose(filter_logits(logits, t, k, p), expected)
+    with pytest.raises(ValueError, match=r"temperature must be a positive finite number .* got tensor\(\[0.5000\]\)"):
+        filter_logits(logits, torch.tensor([0.5]))

@@ -262,3 +262,23 @@ def test_cached_causal_mask_shifts_the_causal_mask_by_the_cached_positions():
     assert torch.equal(cached_causal_mask(3, 2, 5), causal_mask(5)[3:])  # the last two rows of the full mask
     assert torch.equal(cached_causal_mask(torch.tensor(3), 2, 7)[:, :5], causal_mask(5)[3:])  # a static cache's slots
     assert not cached_causal_mask(torch.tensor(3), 2, 7)[:, 5:].any()  # slots not written yet
+
+
+def test_kv_cache_refuses_keys_and_values_that_differ():
+    with pytest.raises(ValueError, match=r"got k \(2, 4, 10, 8\) torch.float32 on cpu, v \(2, 4, 9, 8\)"):
+        KVCache(torch.zeros(2, 4, 10, 8), torch.zeros(2, 4, 9, 8))
+    with pytest.raises(ValueError, match="torch.float64"):
+        KVCache(torch.zeros(2, 4, 10, 8), torch.zeros(2, 4, 10, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"k must have shape \(B, n_kv_heads, max_len, head_dim\), got \(4, 10, 8\)"):
+        KVCache(torch.zeros(4, 10, 8), torch.zeros(4, 10, 8))
+
+
+def test_a_static_cache_without_a_mask_is_refused():
+    """It would attend to the slots not written yet (zeros): a silent wrong result."""
+    mha = MultiHeadAttention(16, 4)
+    cache = mha.new_cache(1, 8, static=True)
+    x = torch.randn(1, 1, 16)
+    with pytest.raises(ValueError, match="a static KVCache makes the queries attend to all its max_len=8 slots"):
+        mha(x, x, x, cache=cache)
+    mask = cached_causal_mask(cache.start(), 1, 8)  # with the mask it runs
+    assert mha(x, x, x, mask=mask, cache=cache)[0].shape == (1, 1, 16)

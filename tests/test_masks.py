@@ -1,6 +1,7 @@
 """Properties of the masks of lesson 05 (helpers.masks) against loops and PyTorch."""
 
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given
@@ -8,7 +9,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
-from helpers.masks import causal_mask, padding_mask
+from helpers.masks import causal_mask, dilated_mask, padding_mask, sliding_window_mask
 
 
 def tensor(seed, *shape):
@@ -80,3 +81,39 @@ def test_fully_masked_rows_give_zeros_not_nan(T, seed):
     out, w = scaled_dot_product_attention(q, k, v, mask=keep)
     assert torch.isfinite(out).all() and torch.all(out[0] == 0) and torch.all(w[0] == 0)
     assert torch.allclose(w[1].sum(-1), torch.ones(T, dtype=torch.float64))
+
+
+# --- sparse masks ----------------------------------------------------------------------------------
+
+def test_sliding_window_mask_values():
+    assert sliding_window_mask(4, 2).int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
+    assert dilated_mask(5, 2, 2).int().tolist() == [[1, 0, 0, 0, 0], [0, 1, 0, 0, 0], [1, 0, 1, 0, 0],
+                                                    [0, 1, 0, 1, 0], [0, 0, 1, 0, 1]]
+
+
+@given(T=st.integers(1, 60), window=st.integers(1, 12), dilation=st.integers(1, 5))
+def test_kept_pairs_exact_and_causal(T, window, dilation):
+    m = dilated_mask(T, window, dilation)
+    assert m.dtype == torch.bool and m.shape == (T, T)
+    assert not (m & ~causal_mask(T)).any()  # nothing above the diagonal: causal
+    assert m.diagonal().all()  # every query sees itself, so no row is empty
+    per_row = [min(window, t // dilation + 1) for t in range(T)]
+    assert m.sum(dim=1).tolist() == per_row
+    if T >= (window - 1) * dilation:  # the closed form of the lesson
+        assert int(m.sum()) == window * T - dilation * window * (window - 1) // 2
+    assert torch.equal(dilated_mask(T, window, 1), sliding_window_mask(T, window))
+
+
+def test_window_covering_everything_is_causal():
+    assert torch.equal(sliding_window_mask(7, 7), causal_mask(7))
+    assert torch.equal(sliding_window_mask(7, 100), causal_mask(7))
+    assert torch.equal(sliding_window_mask(7, 1), torch.eye(7, dtype=torch.bool))
+
+
+def test_mask_errors_name_the_values():
+    with pytest.raises(ValueError, match=r"T must be a positive int, got 0"):
+        sliding_window_mask(0, 2)
+    with pytest.raises(ValueError, match=r"window must be a positive int, got -1"):
+        sliding_window_mask(3, -1)
+    with pytest.raises(ValueError, match=r"dilation must be a positive int, got True"):
+        dilated_mask(3, 2, True)

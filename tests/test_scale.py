@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from helpers.attention import scaled_dot_product_attention
 from helpers.device import attention_flops, cpu_threads, loglog_slope, peak_memory, peak_tflops, peak_tflops_of
-from helpers.masks import causal_mask, dilated_mask, sliding_window_mask
 from helpers.sdpa_kernels import auto_sdpa_backend, sdpa_backend
 from helpers.transformer import Transformer, TransformerConfig, greedy_decode, greedy_decode_cached
 
@@ -109,42 +108,6 @@ def test_decode_cache_shapes():
     assert len(cache.self_attn) == len(cache.cross_attn) == 3
     assert cache.self_attn[0].k.shape == (2, 4, 10, 8) and cache.cross_attn[2].v.shape == (2, 4, 5, 8)
     assert cache.length == 0 and cache.cross_attn[0].length == 5 and cache.keep.shape == (2, 10)
-
-
-# --- sparse masks ----------------------------------------------------------------------------------
-
-def test_sliding_window_mask_values():
-    assert sliding_window_mask(4, 2).int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
-    assert dilated_mask(5, 2, 2).int().tolist() == [[1, 0, 0, 0, 0], [0, 1, 0, 0, 0], [1, 0, 1, 0, 0],
-                                                    [0, 1, 0, 1, 0], [0, 0, 1, 0, 1]]
-
-
-@given(T=st.integers(1, 60), window=st.integers(1, 12), dilation=st.integers(1, 5))
-def test_kept_pairs_exact_and_causal(T, window, dilation):
-    m = dilated_mask(T, window, dilation)
-    assert m.dtype == torch.bool and m.shape == (T, T)
-    assert not (m & ~causal_mask(T)).any()  # nothing above the diagonal: causal
-    assert m.diagonal().all()  # every query sees itself, so no row is empty
-    per_row = [min(window, t // dilation + 1) for t in range(T)]
-    assert m.sum(dim=1).tolist() == per_row
-    if T >= (window - 1) * dilation:  # the closed form of the lesson
-        assert int(m.sum()) == window * T - dilation * window * (window - 1) // 2
-    assert torch.equal(dilated_mask(T, window, 1), sliding_window_mask(T, window))
-
-
-def test_window_covering_everything_is_causal():
-    assert torch.equal(sliding_window_mask(7, 7), causal_mask(7))
-    assert torch.equal(sliding_window_mask(7, 100), causal_mask(7))
-    assert torch.equal(sliding_window_mask(7, 1), torch.eye(7, dtype=torch.bool))
-
-
-def test_mask_errors_name_the_values():
-    with pytest.raises(ValueError, match=r"T must be a positive int, got 0"):
-        sliding_window_mask(0, 2)
-    with pytest.raises(ValueError, match=r"window must be a positive int, got -1"):
-        sliding_window_mask(3, -1)
-    with pytest.raises(ValueError, match=r"dilation must be a positive int, got True"):
-        dilated_mask(3, 2, True)
 
 
 # --- counting, peaks, slopes, kernels -------------------------------------------------------------

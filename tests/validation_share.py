@@ -1,0 +1,91 @@
+"""How much of helpers/ is input checking: the share of code lines that validate (issue 29's measure).
+
+Code lines: lines of helpers/*.py (helpers/checks/ excluded: it is the exercise checker) that hold code,
+not a comment, a docstring or nothing. Validation lines: the lines of every ``raise`` statement, of
+every ``if`` block whose body only raises (its condition included), and of every statement that is a
+call to a checking function (a name starting with ``check_``, ``_check``, ``require_``, or one of
+helpers._validate's ``as_int``, ``positive_int``, ``positive_ints``, ``probability``).
+Run ``python tests/validation_share.py`` for the share and the files that check most.
+"""
+
+import ast
+import io
+import sys
+import tokenize
+from pathlib import Path
+
+HELPERS = Path(__file__).resolve().parent.parent / "helpers"
+CHECKERS = {"as_int", "positive_int", "positive_ints", "probability"}
+
+
+def is_checker(call) -> bool:
+    if not isinstance(call, ast.Call):
+        return False
+    f = call.func
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+    return name in CHECKERS or name.startswith(("check_", "_check", "require_"))
+
+
+def lines_of(node) -> set[int]:
+    return set(range(node.lineno, node.end_lineno + 1))
+
+
+def docstring_lines(tree) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                found |= lines_of(first)
+    return found
+
+
+def code_lines(source: str, tree) -> set[int]:
+    lines = set()
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENDMARKER, tokenize.ENCODING}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in skip:
+            lines |= set(range(tok.start[0], tok.end[0] + 1))
+    return lines - docstring_lines(tree)
+
+
+def only_raises(body) -> bool:
+    return bool(body) and all(isinstance(stmt, ast.Raise) for stmt in body)
+
+
+def validation_lines(tree) -> set[int]:
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise):
+            lines |= lines_of(node)
+        elif isinstance(node, ast.If) and only_raises(node.body) and (not node.orelse or only_raises(node.orelse)):
+            lines |= lines_of(node)
+        elif isinstance(node, (ast.Expr, ast.Assign, ast.AnnAssign, ast.Return)) and is_checker(node.value):
+            lines |= lines_of(node)
+    return lines
+
+
+def measure(files=None) -> dict[str, tuple[int, int]]:
+    """{file name: (validation lines, code lines)} for helpers/*.py."""
+    out = {}
+    for path in sorted(files or HELPERS.glob("*.py")):
+        source = path.read_text()
+        tree = ast.parse(source)
+        code = code_lines(source, tree)
+        out[path.name] = (len(validation_lines(tree) & code), len(code))
+    return out
+
+
+def share(per_file) -> float:
+    return sum(v for v, _ in per_file.values()) / sum(c for _, c in per_file.values())
+
+
+if __name__ == "__main__":
+    per_file = measure()
+    for name, (v, c) in sorted(per_file.items(), key=lambda kv: -kv[1][0]):
+        print(f"{name:20} {v:4} of {c:4} code lines validate ({v / c:5.1%})")
+    print(f"helpers/ (without helpers/checks/): {share(per_file):.1%} of "
+          f"{sum(c for _, c in per_file.values())} code lines validate")
+    sys.exit(0)
