@@ -14,13 +14,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import as_int, check_ids, positive_int, probability, shape_str
+from helpers._validate import as_int, check_ids, positive_int, probability
 from helpers.attention import MultiHeadAttention
 from helpers.decoding import filter_logits, generate  # noqa: F401 (filter_logits: lesson 12 imports it here)
 from helpers.layers import FeedForward
+from helpers.lm import bits_per_char, ngram_bits_per_char, parameter_count, random_windows  # noqa: F401 (lesson 12 imports them here)
 from helpers.masks import cached_causal_mask
 from helpers.positional import LearnedPositionalEmbedding
 
@@ -173,55 +173,6 @@ class GPT(nn.Module):
         return generate(self, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache)
 
 
-def parameter_count(config: GPTConfig) -> int:
-    """The number of trainable parameters of ``GPT(config)``, by formula (lesson 12)."""
-    C, V, F_, L = config.d_model, config.vocab_size, config.d_ff, config.n_layers
-    kv = (config.n_kv_heads or config.n_heads) * config.head_dim
-    attn = (C * C + C) * 2 + (C * kv + kv) * 2  # w_q, w_o; w_k, w_v
-    ff = (C * F_ + F_) + (F_ * C + C)
-    per_block = attn + ff + 2 * 2 * C  # two LayerNorms of weight + bias
-    head = 0 if config.tie_weights else V * C
-    return V * C + config.max_len * C + L * per_block + 2 * C + head
-
-
-def random_windows(ids: torch.Tensor, block: int, batch_size: int, generator=None):
-    """(x, y) of shape (batch_size, block): random windows of ids and the same shifted by one (lesson 12)."""
-    block, batch_size = positive_int(block, "block"), positive_int(batch_size, "batch_size")
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() <= block:
-        raise ValueError(f"ids must be a 1-D tensor longer than block={block}, got "
-                         f"{shape_str(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__}")
-    starts = torch.randint(0, ids.numel() - block, (batch_size,), generator=generator)  # (B,)
-    offsets = starts[:, None] + torch.arange(block)  # (B, block)
-    return ids[offsets], ids[offsets + 1]  # (B, block), (B, block)
-
-
-@torch.no_grad()
-def bits_per_char(model: GPT, ids: torch.Tensor, block: int | None = None, batch_size: int = 32) -> float:
-    """Mean -log2 p(next token) over 1-D ``ids``, cut into windows of ``block`` tokens (lesson 12).
-
-    Each window predicts its tokens 1..block from the tokens before them in the same window.
-    """
-    block = model.config.max_len if block is None else positive_int(block, "block")
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() < 2:
-        raise ValueError("ids must be a 1-D tensor of at least 2 token ids")
-    was_training = model.training
-    model.eval()
-    device = model.embed.weight.device
-    n = (ids.numel() - 1) // block * block  # whole windows only
-    if n == 0:
-        n, block = ids.numel() - 1, ids.numel() - 1
-    x, y = ids[:n].view(-1, block), ids[1:n + 1].view(-1, block)  # (N, block) each
-    total = 0.0
-    try:
-        for i in range(0, x.shape[0], batch_size):
-            logits = model(x[i:i + batch_size].to(device))  # (b, block, V)
-            total += F.cross_entropy(logits.flatten(0, 1).double(), y[i:i + batch_size].flatten().to(device),
-                                     reduction="sum").item()
-    finally:
-        model.train(was_training)
-    return total / n / math.log(2)
-
-
 def save_checkpoint(model: GPT, vocab, path) -> str:
     """Save config, weights (float32) and vocabulary symbols to ``path``; return its sha256 (lesson 12)."""
     state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
@@ -249,27 +200,3 @@ def load_course_gpt(device=None):
     model = GPT(config)
     model.load_state_dict(saved["state_dict"])
     return model.to(device if device is not None else "cpu").eval(), vocab
-
-
-def ngram_bits_per_char(train_ids: torch.Tensor, eval_ids: torch.Tensor, vocab_size: int, order: int) -> float:
-    """Bits per character of ``eval_ids`` under a unigram (order 1) or bigram (order 2) model (lesson 12).
-
-    The counts come from ``train_ids``, plus one for every possible token (add-one smoothing), so a
-    pair never seen in training still gets a small probability.
-    """
-    V = positive_int(vocab_size, "vocab_size")
-    for name, t in (("train_ids", train_ids), ("eval_ids", eval_ids)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() < 2 or t.is_floating_point():
-            raise ValueError(f"{name} must be a 1-D integer tensor of at least 2 ids")
-        if int(t.min()) < 0 or int(t.max()) >= V:
-            raise ValueError(f"{name} holds ids outside 0..{V - 1}")
-    if order == 1:
-        counts = torch.bincount(train_ids, minlength=V).double() + 1  # (V,)
-        logp = (counts / counts.sum()).log()  # (V,)
-        return -logp[eval_ids[1:]].mean().item() / math.log(2)  # the same positions the GPT predicts
-    if order == 2:
-        pairs = train_ids[:-1] * V + train_ids[1:]  # one id per (previous, next) pair
-        counts = torch.bincount(pairs, minlength=V * V).double().view(V, V) + 1  # (V, V)
-        logp = (counts / counts.sum(dim=1, keepdim=True)).log()  # row = previous token
-        return -logp[eval_ids[:-1], eval_ids[1:]].mean().item() / math.log(2)
-    raise ValueError(f"order must be 1 (unigram) or 2 (bigram), got {order!r}")

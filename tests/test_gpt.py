@@ -365,19 +365,6 @@ def test_load_text_splits_are_disjoint_and_cover_the_file():
         load_text("validation")
 
 
-def test_ngram_baselines_match_counts_by_hand():
-    train = torch.tensor([0, 1, 0, 1, 2])
-    ev = torch.tensor([0, 1, 2])
-    # unigram, add-one: counts 2+1, 2+1, 1+1 of 8; predicts positions 1 and 2 (ids 1, 2)
-    uni = -(math.log2(3 / 8) + math.log2(2 / 8)) / 2
-    # bigram: row 0 -> [0+1, 2+1, 0+1] / 5; row 1 -> [1+1, 0+1, 1+1] / 5
-    bi = -(math.log2(3 / 5) + math.log2(2 / 5)) / 2
-    assert abs(ngram_bits_per_char(train, ev, 3, 1) - uni) < 1e-12
-    assert abs(ngram_bits_per_char(train, ev, 3, 2) - bi) < 1e-12
-    with pytest.raises(ValueError, match="order"):
-        ngram_bits_per_char(train, ev, 3, 3)
-
-
 def test_bits_per_char_equals_cross_entropy():
     model = make_model()
     ids = rand_ids(1, 65).flatten()
