@@ -396,7 +396,8 @@ ARCHITECTURE_CASES = [
 ]
 # Diagrams that draw no model's forward: data, arithmetic or time steps, each tested on its own above.
 NOT_ARCHITECTURE = {"seq2seq_diagram", "rnn_vs_attention_path_diagram", "qkv_diagram", "softmax_gradient_diagram",
-                    "mask_diagram", "positional_rotation_diagram", "kv_cache_diagram", "flash_tiles_diagram"}
+                    "mask_diagram", "positional_rotation_diagram", "kv_cache_diagram", "flash_tiles_diagram",
+                    "induction_circuit_diagram"}  # lesson 13: a path between two heads, not a model's forward
 
 
 @pytest.mark.parametrize("name, kwargs, models, by_name", ARCHITECTURE_CASES, ids=[c[0] for c in ARCHITECTURE_CASES])
