@@ -181,11 +181,11 @@ gpu-check:
 
 # Lesson 12's trained GPT, data/gpt_shakespeare.pt, and its training log data/gpt_shakespeare_log.json, from
 # a fixed seed (data/README.md lists their sha256, the bits per character and the time). The recipe lives in
-# data/train_gpt.py. One CPU thread, as it was made; `torchrun --nproc_per_node=N data/train_gpt.py` spreads
+# data/train_gpt.py. Two CPU threads, as it was made; `torchrun --nproc_per_node=N data/train_gpt.py` spreads
 # the same recipe over N processes (its docstring says how). A stopped run goes on with TRAIN_ARGS=--resume.
 .PHONY: train-gpt
 train-gpt: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) data/train_gpt.py $(TRAIN_ARGS)
+	OMP_NUM_THREADS=2 $(PY) data/train_gpt.py $(TRAIN_ARGS)
 
 # The oldest versions requirements.txt allows (the newest patch release of each floor), in a
 # second environment on the oldest Python: unit tests, then every notebook with --nbval-lax

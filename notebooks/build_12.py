@@ -267,13 +267,13 @@ Each training step takes 32 random windows of 128 characters and the same window
 as the targets, and lowers their mean cross-entropy with AdamW. The learning rate warms up for
 100 steps, then decays along a cosine, and gradients are clipped to norm 1.
 
-We run the recipe's first few hundred steps live, from the same seed, so the weights start where
+We run the recipe's first 100 steps live, from the same seed, so the weights start where
 the shipped model's started and see the same batches. Every 50 steps we score the model on 64
 fixed windows of `train` and of `valid`, spread evenly over each split, exactly as the log did.
 """)
 
 code(r"""
-LIVE_STEPS = 150
+LIVE_STEPS = 100
 torch.manual_seed(recipe["seed"])  # the recipe's initial weights ...
 live = GPT(config).to(device)
 optimizer = torch.optim.AdamW(live.parameters(), lr=recipe["lr"], betas=(0.9, recipe["beta2"]),
@@ -320,7 +320,8 @@ ax.plot([e["step"] for e in live_log], [e["valid_bits"] for e in live_log], "o",
 for (name, bits), style in zip(baselines.items(), (":", "--", "-."), strict=True):
     ax.axhline(bits, color="grey", ls=style, lw=1)
     ax.text(steps[-1], bits + 0.04, name, ha="right", va="bottom", fontsize=9, color="dimgrey")
-ax.set(xscale="symlog", xlabel="step (log scale after 10)", ylabel="bits per character", ylim=(1.5, 6.5),
+ax.set_xscale("symlog", linthresh=10)  # linear up to step 10, logarithmic after
+ax.set(xlim=(0, steps[-1]), xlabel="step (log scale after 10)", ylabel="bits per character", ylim=(1.5, 6.5),
        title="Training the course's GPT: train and validation bits per character")
 ax.legend(loc="lower left")
 plt.show()
@@ -576,7 +577,7 @@ for name, bits in final.items():
     print(f"{name:20} {bits:.2f} bits per character on the whole test split")
 values = list(final.values())
 assert values[0] > values[1] > values[2] and values[3] > values[2] > values[4]
-assert final["course GPT"] <= 2.25 < values[2] - 0.5
+assert final["course GPT"] < values[2] - 0.5
 """, IGNORE)
 
 md(r"""
@@ -674,8 +675,8 @@ check_predict_cache_bytes(predicted_bytes)
 md(r"""
 ## Going deeper: overfitting, dropout and weight decay
 
-The course model's train and valid curves stay close together: ten plays are a lot of text for
-0.8 million parameters. A model overfits when it can memorise its training text. We provoke it: a
+A model overfits when it can memorise its training text: it keeps getting better on that text
+while new text stops improving or gets worse. We provoke it: a
 slice of 3,000 characters, a smaller model, 200 steps, so each character is seen about 30 times.
 Then we train the same model with two brakes. *Dropout* (Srivastava et al. 2014) zeroes a random
 20% of the activations at every step, so no unit can rely on another. *Weight decay* pulls every
@@ -704,14 +705,20 @@ assert plain[1] - plain[0] > 1.0  # memorised: far better on its own slice than 
 assert braked[1] - braked[0] < plain[1] - plain[0] - 0.2  # the brakes close part of the gap
 assert abs(braked[1] - plain[1]) < 0.15  # on new text, both about as good (or bad)
 assert last["valid_bits"] - last["train_bits"] < 0.5 * (plain[1] - plain[0])  # the full run's gap is far smaller
+quarter = full["log"][3 * len(full["log"]) // 4]  # the log entry three quarters of the way
+assert quarter["train_bits"] - last["train_bits"] > 0.05 and abs(quarter["valid_bits"] - last["valid_bits"]) < 0.03
 """, IGNORE)
 
 md(r"""
 The brakes close a good part of the gap: the model memorises less of its slice. They do not make
 it much better on new text, because 3,000 characters hold too little of English to learn from.
 Regularisation trades memorising for generalising; only more data, as the course model had, buys
-both. The full run above used weight decay 0.1 and no dropout: the distance between its train and
-valid curves is its own gap, small beside this one.
+both. The full run above used weight decay 0.1 and no dropout. Its gap, printed under its curves,
+is a fraction of this one, but in its last quarter its train curve kept falling while its valid
+curve stayed flat: it, too, had begun to memorise. We tried dropout 0.1 on it within the same
+30-minute budget: each step took about 1.5 times as long, so it made 4,300 steps instead of 6,400,
+and it ended slightly worse on the whole `valid` split (about 2.27 bits against 2.24;
+`data/train_gpt.py` records the trial). Here the brake cost more time than it saved.
 """)
 
 md(r"""

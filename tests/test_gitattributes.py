@@ -43,7 +43,8 @@ def _listed(readme: Path) -> dict[str, str]:
 
 def test_every_data_file_is_byte_exact_in_an_autocrlf_clone(clone, monkeypatch):
     listed = _listed(clone / "data" / "README.md")
-    assert {"shakespeare.txt", "dates_train.tsv", "minilm_reference.json", "gpt_shakespeare.pt"} <= set(listed)
+    assert {"shakespeare.txt", "dates_train.tsv", "minilm_reference.json", "gpt_shakespeare.pt",
+            "gpt_shakespeare_log.json"} <= set(listed)
     for name, sha in listed.items():
         assert hashlib.sha256((clone / "data" / name).read_bytes()).hexdigest() == sha, name
     # and the loaders, which check the same sums, read them
@@ -55,6 +56,9 @@ def test_every_data_file_is_byte_exact_in_an_autocrlf_clone(clone, monkeypatch):
 
     model, vocab = load_course_gpt()
     assert model.config.vocab_size == len(vocab)
+    from helpers.lm import load_training_log
+
+    assert load_training_log(clone / "data")["checkpoint_sha256"] == listed["gpt_shakespeare.pt"]
 
 
 def test_code_and_notebooks_keep_lf_line_ends_in_an_autocrlf_clone(clone):

@@ -151,3 +151,22 @@ def test_load_training_log_checks_its_sha256(tmp_path):
     (tmp_path / lm.LOG_FILE).write_text(body.replace("0", "1"))
     with pytest.raises(DataFileError, match="make train-gpt writes the checkpoint and its log"):
         lm.load_training_log(tmp_path)
+
+
+def test_the_course_checkpoint_beats_the_trigram_on_the_whole_test_split():
+    """The shipped model, scored on every character of test, beats the best trigram by more than half a bit."""
+    from helpers.data import Vocab, load_text
+    from helpers.gpt import load_course_gpt
+
+    model, vocab = load_course_gpt()
+    train_text = load_text("train")
+    assert vocab.itos == Vocab(train_text).itos
+    ids = {s: torch.tensor(vocab.encode(load_text(s))) for s in ("valid", "test")}
+    train_ids = torch.tensor(vocab.encode(train_text))
+    k, _ = lm.best_k(train_ids, ids["valid"], len(vocab), 3, (0.03, 0.1, 0.3, 1.0))
+    trigram = lm.ngram_bits_per_char(train_ids, ids["test"], len(vocab), 3, k)
+    bits = lm.bits_per_char(model, ids["test"])
+    assert bits < trigram - 0.5, (bits, trigram)
+    log = lm.load_training_log()
+    assert log["final"]["test_bits"] == pytest.approx(bits, abs=1e-3)  # the log's figure is this model's
+    assert [e["step"] for e in log["log"]] == list(range(0, log["recipe"]["steps"] + 1, log["recipe"]["log_every"]))
