@@ -153,8 +153,9 @@ def test_load_training_log_checks_its_sha256(tmp_path):
         lm.load_training_log(tmp_path)
 
 
-def test_the_course_checkpoint_beats_the_trigram_on_the_whole_test_split():
-    """The shipped model, scored on every character of test, beats the best trigram by more than half a bit."""
+def test_the_course_checkpoint_reaches_2_25_bits_on_the_whole_test_split():
+    """The shipped model, scored on every character of test: at most 2.25 bits per character, more than half a
+    bit below the best trigram."""
     from helpers.data import Vocab, load_text
     from helpers.gpt import load_course_gpt
 
@@ -166,7 +167,7 @@ def test_the_course_checkpoint_beats_the_trigram_on_the_whole_test_split():
     k, _ = lm.best_k(train_ids, ids["valid"], len(vocab), 3, (0.03, 0.1, 0.3, 1.0))
     trigram = lm.ngram_bits_per_char(train_ids, ids["test"], len(vocab), 3, k)
     bits = lm.bits_per_char(model, ids["test"])
-    assert bits < trigram - 0.5, (bits, trigram)
+    assert bits <= 2.25 and bits < trigram - 0.5, (bits, trigram)
     log = lm.load_training_log()
     assert log["final"]["test_bits"] == pytest.approx(bits, abs=1e-3)  # the log's figure is this model's
     assert [e["step"] for e in log["log"]] == list(range(0, log["recipe"]["steps"] + 1, log["recipe"]["log_every"]))
