@@ -89,6 +89,39 @@ def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0, di
         raise ValueError(f"{name} must have shape {what}, got {shape_str(x.shape)}")
 
 
+def require_bool(value, name: str, meaning: str = "True or False") -> None:
+    """Raise a TypeError unless ``value`` is a bool (1, 0 and numpy bools are refused); ``meaning`` says
+    what each value means, e.g. "True (Pre-LN) or False (Post-LN)"."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be {meaning}, got {value!r}")
+
+
+def require_choice(value, name: str, choices) -> None:
+    """Raise a ValueError unless ``value`` is one of the strings ``choices``. A pair, given as a tuple, is
+    written 'a' or 'b' in the message; any other collection as it prints (a list, a tuple)."""
+    if not isinstance(value, str) or value not in choices:
+        pair = isinstance(choices, tuple) and len(choices) == 2
+        raise ValueError(f"{name} must be {' or '.join(map(repr, choices)) if pair else f'one of {choices}'}, "
+                         f"got {value!r}")
+
+
+def check_same_kind(names: str, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    """Raise unless the three tensors, named together in ``names`` ("q, k and v"), share one dtype and one device."""
+    if not a.dtype == b.dtype == c.dtype:
+        raise TypeError(f"{names} must have the same dtype, got {a.dtype}, {b.dtype} and {c.dtype}")
+    if not a.device == b.device == c.device:
+        raise ValueError(f"{names} must be on the same device, got {a.device}, {b.device} and {c.device}")
+
+
+def check_width_and_length(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise unless q (..., T, D) and k (..., S, D) have one width D, and k and v (..., S, Dv) one length S."""
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same width D: q is {shape_str(q.shape)} (D={q.shape[-1]}), "
+                         f"k is {shape_str(k.shape)} (D={k.shape[-1]})")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same length S: k is {shape_str(k.shape)}, v is {shape_str(v.shape)}")
+
+
 def check_id_dtype(ids: torch.Tensor, name: str) -> None:
     """Raise a TypeError unless the tensor ``ids`` has a dtype nn.Embedding takes (int64 or int32) (lesson 01)."""
     if ids.dtype not in TOKEN_ID_DTYPES:  # int8, int16, uint8 crash inside nn.Embedding
@@ -117,8 +150,7 @@ def check_ids(ids, name: str, vocab_size: int, max_len: int, device: torch.devic
     if ids.device != device:
         raise ValueError(f"{name} is on {ids.device} but the model is on {device}: move the ids there with "
                          f"{name}.to({str(device)!r})")
-    if ids.dim() != 2:
-        raise ValueError(f"{name} must have shape (B, L) (a batch of id sequences), got {shape_str(ids.shape)}")
+    require_tensor(ids, name, dim=2, what="(B, L) (a batch of id sequences)")
     if ids.shape[0] == 0 or ids.shape[1] == 0:
         raise ValueError(f"{name} must hold at least one sequence of at least one token, got {shape_str(ids.shape)}")
     if ids.shape[1] > max_len:
@@ -137,15 +169,8 @@ def check_qkv(q, k, v, mask=None, dropout_p: float = 0.0) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_tensor(t, name, floating=True, min_dim=2)
     shapes = f"q {shape_str(q.shape)}, k {shape_str(k.shape)}, v {shape_str(v.shape)}"
-    if not q.dtype == k.dtype == v.dtype:
-        raise TypeError(f"q, k and v must have the same dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
-    if not q.device == k.device == v.device:
-        raise ValueError(f"q, k and v must be on the same device, got {q.device}, {k.device} and {v.device}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same width D: q is {shape_str(q.shape)} (D={q.shape[-1]}), "
-                         f"k is {shape_str(k.shape)} (D={k.shape[-1]})")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same length S: k is {shape_str(k.shape)}, v is {shape_str(v.shape)}")
+    check_same_kind("q, k and v", q, k, v)
+    check_width_and_length(q, k, v)
     if q.shape[-1] == 0 or k.shape[-2] == 0:
         raise ValueError(f"the width D and the key length S must be >= 1 (softmax over no keys is "
                          f"undefined): got {shapes}")
@@ -169,12 +194,7 @@ def check_additive_inputs(module, query, keys, values) -> None:
     require_tensor(query, "query", floating=True, dim=3, last=query_dim, what=f"(B, T, Dq={query_dim})")
     require_tensor(keys, "keys", floating=True, dim=3, last=key_dim, what=f"(B, S, Dk={key_dim})")
     require_tensor(values, "values", floating=True, dim=3, what="(B, S, Dv)")
-    if not query.dtype == keys.dtype == values.dtype:
-        raise TypeError(f"query, keys and values must have the same dtype, got {query.dtype}, {keys.dtype} "
-                        f"and {values.dtype}")
-    if not query.device == keys.device == values.device:
-        raise ValueError(f"query, keys and values must be on the same device, got {query.device}, {keys.device} "
-                         f"and {values.device}")
+    check_same_kind("query, keys and values", query, keys, values)
     if query.dtype != w.dtype or query.device != w.device:
         raise TypeError(f"query, keys and values are {query.dtype} on {query.device} but the module's weights are "
                         f"{w.dtype} on {w.device}: convert one of them, e.g. module.to(query.dtype)")

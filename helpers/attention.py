@@ -16,6 +16,7 @@ from helpers._validate import (
     check_qkv,
     positive_int,
     probability,
+    require_bool,
     require_tensor,
     shape_str,
 )
@@ -93,9 +94,9 @@ def _fused_attention(q, k, v, mask=None, dropout_p: float = 0.0) -> torch.Tensor
 
     Same mask polarity (True = may attend); a fully masked row gives a zero row instead of the
     kernel's NaN, and keys nobody reads may hold NaN, as in the weights path (the kernel adds the
-    mask as -inf, and NaN - inf is NaN, so their key rows are zeroed too).
+    mask as -inf, and NaN - inf is NaN, so their key rows are zeroed too). Its caller,
+    ``MultiHeadAttention.forward``, has checked q, k, v and the mask already.
     """
-    check_qkv(q, k, v, mask, dropout_p)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
     has_key = mask.any(dim=-1, keepdim=True)  # (..., T, 1): rows with at least one key to read
@@ -193,7 +194,7 @@ class KVCache:
 
 def _check_mha_inputs(module, query, key, value, mask, need_weights, cache=None) -> None:
     """Check the arguments of ``MultiHeadAttention.forward`` against the module (its width, dtype,
-    device) and, with a cache, against the cache (its batch size and room); key and value may then
+    device) and, with a cache, against the cache (its batch size, dtype and device); key and value may then
     both be None (read the cache only)."""
     C, w = module.d_model, module.w_q.weight
     given = [("query", query)] + ([] if cache is not None and key is None and value is None
@@ -208,8 +209,7 @@ def _check_mha_inputs(module, query, key, value, mask, need_weights, cache=None)
             "query (B, T, C), key (B, S, C) and value (B, S, C) must agree on B and S: got "
             f"{shape_str(query.shape)}, {shape_str(key.shape)}, {shape_str(value.shape)}"
         )
-    if not isinstance(need_weights, bool):
-        raise TypeError(f"need_weights must be True or False, got {need_weights!r}")
+    require_bool(need_weights, "need_weights")
     B, T = query.shape[:2]
     if cache is None:
         S = key.shape[1]
@@ -224,8 +224,8 @@ def _check_mha_inputs(module, query, key, value, mask, need_weights, cache=None)
 
 
 def _check_cache(module, cache, B: int, n_new: int) -> int:
-    """Check that ``cache`` (a helpers.attention.KVCache) fits the module and a batch of B, and has room
-    for n_new more positions; return S, the number of slots the queries will attend to."""
+    """Check that ``cache`` (a helpers.attention.KVCache) fits the module and a batch of B; return S, the
+    number of slots the queries will attend to once n_new more positions are written."""
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a helpers.attention.KVCache (from module.new_cache(batch, max_len)), "
                         f"got {type(cache).__name__}")
@@ -235,8 +235,7 @@ def _check_cache(module, cache, B: int, n_new: int) -> int:
         raise ValueError(f"the cache holds keys {shape_str(cache.k.shape)} {cache.k.dtype} on {cache.k.device}, "
                          f"but this module and a batch of {B} need (B, n_kv_heads, max_len, head_dim) = "
                          f"{shape_str(want)} {module.w_k.weight.dtype} on {module.w_k.weight.device}")
-    cache.check_room(n_new)
-    return cache.span(n_new)
+    return cache.span(n_new)  # whether they fit is checked as they are written (KVCache.append)
 
 
 class MultiHeadAttention(nn.Module):

@@ -15,15 +15,13 @@ import os
 import torch
 from torch.autograd.function import once_differentiable
 
-from helpers._validate import check_bool_mask, positive_int, require_tensor, shape_str
+from helpers._validate import check_bool_mask, check_width_and_length, positive_int, require_tensor, shape_str
 
 
 def _check_inputs(q, k, v, mask, block_q, block_k) -> tuple[int, int]:
     """Raise a clear error for bad q, k, v, mask or block sizes; return the block sizes as ints."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        require_tensor(t, name, floating=True)
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have shape (B, H, L, D) with 4 dimensions, got {shape_str(t.shape)}")
+        require_tensor(t, name, floating=True, dim=4, what="(B, H, L, D) with 4 dimensions")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
     if k.device != q.device or v.device != q.device:
@@ -33,13 +31,7 @@ def _check_inputs(q, k, v, mask, block_q, block_k) -> tuple[int, int]:
             "q (B, H, T, D), k (B, H, S, D) and v (B, H, S, D) must agree on B and H: got "
             f"{shape_str(q.shape)}, {shape_str(k.shape)}, {shape_str(v.shape)}"
         )
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q and k must have the same width D: q is {shape_str(q.shape)} (D={q.shape[-1]}), "
-            f"k is {shape_str(k.shape)} (D={k.shape[-1]})"
-        )
-    if k.shape[2] != v.shape[2]:
-        raise ValueError(f"k and v must have the same length S: k is {shape_str(k.shape)}, v is {shape_str(v.shape)}")
+    check_width_and_length(q, k, v)
     if q.shape[2] == 0 or k.shape[2] == 0 or q.shape[-1] == 0:
         raise ValueError(f"T, S and D must be at least 1, got q {shape_str(q.shape)} and k {shape_str(k.shape)}")
     block_q, block_k = positive_int(block_q, "block_q"), positive_int(block_k, "block_k")
