@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from helpers._validate import as_int, positive_int
+from helpers._validate import as_int, positive_int, require_choice
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 
@@ -93,8 +93,7 @@ def digit_pairs(n: int, min_len: int, max_len: int, seed: int, task: str = "reve
     task "reverse": target is the source reversed; task "copy": target equals the source.
     The same seed always gives the same pairs.
     """
-    if task not in ("reverse", "copy"):
-        raise ValueError(f"task must be 'reverse' or 'copy', got {task!r}")
+    require_choice(task, "task", ("reverse", "copy"))
     n, min_len, max_len = as_int(n, "n", minimum=0), positive_int(min_len, "min_len"), positive_int(max_len, "max_len")
     if not min_len <= max_len:
         raise ValueError(f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
@@ -283,8 +282,7 @@ def read_date_tsv(path) -> list[tuple[str, str]]:
 
 def load_dates(split: str, data_dir=None) -> list[tuple[str, str]]:
     """(source, target) pairs of the dates split 'train', 'valid' or 'test' from data/ (lesson 08)."""
-    if split not in DATE_SPLITS:
-        raise ValueError(f"split must be one of {list(DATE_SPLITS)}, got {split!r}")
+    require_choice(split, "split", list(DATE_SPLITS))
     folder = find_data_dir() if data_dir is None else Path(data_dir)
     path = folder / f"dates_{split}.tsv"
     pairs = read_date_tsv(path)  # first the line-by-line checks, whose errors say which line is wrong
@@ -349,8 +347,7 @@ def load_text(split: str, data_dir=None) -> str:
     The parts are consecutive: each cut lies at the first blank line after its share of the text,
     so no speech is split between two parts. The file's sha256 is checked first.
     """
-    if split not in TEXT_SPLITS:
-        raise ValueError(f"split must be one of {list(TEXT_SPLITS)}, got {split!r}")
+    require_choice(split, "split", list(TEXT_SPLITS))
     path = (find_data_dir() if data_dir is None else Path(data_dir)) / TEXT_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no data file {path}")

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from helpers._validate import as_int, as_real, check_ids, positive_int, shape_str
+from helpers._validate import as_int, as_real, check_ids, positive_int, require_bool, shape_str
 
 # --- the encoder-decoder (lesson 08) -----------------------------------------------------------
 
@@ -317,8 +317,7 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
     cfg = model.config
     check_ids(ids, "ids", cfg.vocab_size, cfg.max_len, model.embed.weight.device)
     max_new_tokens = as_int(max_new_tokens, "max_new_tokens", minimum=0)
-    if not isinstance(use_cache, bool):
-        raise TypeError(f"use_cache must be True or False, got {use_cache!r}")
+    require_bool(use_cache, "use_cache")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     filter_logits(torch.zeros(1, cfg.vocab_size), temperature, top_k, top_p)  # check the knobs once

@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 
+from helpers._validate import require_choice
 from helpers.plot import ROLE_COLORS, mask_cmap
 
 __all__ = ["seq2seq_diagram", "rnn_vs_attention_path_diagram", "qkv_diagram", "softmax_gradient_diagram",
@@ -205,8 +206,7 @@ def seq2seq_diagram(source, target, weights=None, hidden_size=None, values="stat
     given, sets the darkness of each line from encoder state j to decoder step i. ``values`` says
     what the weights sum: "states" h_j (Bahdanau et al. 2015) or "embeddings" e(x_j) (lesson 01's model).
     """
-    if values not in ("states", "embeddings"):
-        raise ValueError(f"values must be 'states' or 'embeddings', got {values!r}")
+    require_choice(values, "values", ("states", "embeddings"))
     src = _labels("source", range(source), source, "{}") if isinstance(source, int) else [str(t) for t in source]
     tgt = _labels("target", range(target), target, "{}") if isinstance(target, int) else [str(t) for t in target]
     S, T = _positive_int("len(source)", len(src), 40), _positive_int("len(target)", len(tgt), 40)

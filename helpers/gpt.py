@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from helpers._validate import as_int, check_ids, positive_int, probability
+from helpers._validate import as_int, check_ids, positive_int, probability, require_bool
 from helpers.attention import MultiHeadAttention
 from helpers.decoding import filter_logits, generate  # noqa: F401 (filter_logits: lesson 12 imports it here)
 from helpers.layers import FeedForward
@@ -55,8 +55,7 @@ class GPTConfig:
                 raise ValueError(f"n_kv_heads must be None or a positive divisor of n_heads={self.n_heads}, got {kv!r}")
             object.__setattr__(self, "n_kv_heads", kv)
         probability(self.dropout, "dropout")
-        if not isinstance(self.tie_weights, bool):
-            raise TypeError(f"tie_weights must be True or False, got {self.tie_weights!r}")
+        require_bool(self.tie_weights, "tie_weights")
         if not isinstance(self.special_ids, (tuple, list)):
             raise TypeError(f"special_ids must be a tuple of token ids, got {type(self.special_ids).__name__}")
         special = tuple(sorted({as_int(i, "each of special_ids (a token id)", minimum=0,

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import as_int, positive_ints, require_tensor, shape_str
+from helpers._validate import as_int, positive_ints, require_choice, require_tensor, shape_str
 from helpers.attention import MultiHeadAttention
 from helpers.masks import causal_mask
 from helpers.positional import LearnedPositionalEmbedding
@@ -181,8 +181,7 @@ def probe_heads(model: nn.Module, ablate=(), mode: str = "zero"):
     order. A silenced head's output (its D columns of the input to W_O) is replaced by zeros
     (``mode="zero"``) or by its mean over the batch and positions (``mode="mean"``).
     """
-    if mode not in ("zero", "mean"):
-        raise ValueError(f"mode must be 'zero' or 'mean', got {mode!r}")
+    require_choice(mode, "mode", ("zero", "mean"))
     modules = attention_modules(model)
     chosen = _check_heads(ablate, modules)
     records: list[torch.Tensor] = []

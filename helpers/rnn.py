@@ -16,7 +16,15 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from helpers._validate import as_int, check_id_dtype, positive_int, positive_ints, require_tensor, shape_str
+from helpers._validate import (
+    as_int,
+    check_id_dtype,
+    positive_int,
+    positive_ints,
+    require_choice,
+    require_tensor,
+    shape_str,
+)
 from helpers.attention import AdditiveAttention
 from helpers.masks import padding_mask_from_ids
 
@@ -193,8 +201,7 @@ class Seq2Seq(nn.Module):
     def __init__(self, encoder: Encoder, decoder: nn.Module, read: str = "states", bos_id: int = 1,
                  eos_id: int = 2):
         super().__init__()
-        if read not in ("states", "embeddings"):
-            raise ValueError(f"read must be 'states' or 'embeddings', got {read!r}")
+        require_choice(read, "read", ("states", "embeddings"))
         if decoder.context_dim != encoder.out_dim:
             raise ValueError(f"the decoder expects encoder states of width {decoder.context_dim}, but the "
                              f"encoder gives {encoder.out_dim}")

@@ -23,6 +23,7 @@ from helpers._validate import (
     check_ids,
     positive_int,
     probability,
+    require_bool,
     require_tensor,
     shape_str,
 )
@@ -69,8 +70,7 @@ class TransformerConfig:
         smallest = min(self.src_vocab_size, self.tgt_vocab_size)
         object.__setattr__(self, "pad_id", as_int(self.pad_id, "pad_id (a token id of both vocabularies)",
                                                   minimum=0, maximum=smallest - 1))
-        if not isinstance(self.norm_first, bool):
-            raise TypeError(f"norm_first must be True (Pre-LN) or False (Post-LN), got {self.norm_first!r}")
+        require_bool(self.norm_first, "norm_first", "True (Pre-LN) or False (Post-LN)")
         check_activation(self.activation)
         eps = self.layer_norm_eps
         if as_real(eps) is None or not 0.0 < eps < 1.0:
