@@ -138,22 +138,23 @@ def check_heads(d_model: int, n_heads: int) -> None:
                          f"d_model / n_heads = {d_model / n_heads:g} features, which must be a whole number")
 
 
-def check_ids(ids, name: str, vocab_size: int, max_len: int, device: torch.device) -> None:
+def check_ids(ids, name: str, vocab_size: int, max_len: int | None = None, device: torch.device | None = None) -> None:
     """Raise a clear error unless ``ids`` is (B, L) int64/int32 token ids in [0, vocab_size), L <= max_len (lesson 08).
 
     ``device`` is the device of the model's embedding; the ids must be there too. Every model of the course
-    (the Transformer, the GPT, the decoders of ``helpers.decoding``) checks its ids with this one function.
+    (the RNN of lesson 01, the Transformer, MiniLM, the GPT, the attention-only model, the decoders of
+    ``helpers.decoding``) checks its ids with this one function; None skips the length or device rule.
     """
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
     check_id_dtype(ids, name)
-    if ids.device != device:
+    if device is not None and ids.device != device:
         raise ValueError(f"{name} is on {ids.device} but the model is on {device}: move the ids there with "
                          f"{name}.to({str(device)!r})")
     require_tensor(ids, name, dim=2, what="(B, L) (a batch of id sequences)")
     if ids.shape[0] == 0 or ids.shape[1] == 0:
         raise ValueError(f"{name} must hold at least one sequence of at least one token, got {shape_str(ids.shape)}")
-    if ids.shape[1] > max_len:
+    if max_len is not None and ids.shape[1] > max_len:
         raise ValueError(f"{name} has length {ids.shape[1]}, longer than the model's max_len={max_len}; "
                          "build the model with a larger max_len or shorten the input")
     bad = (ids < 0) | (ids >= vocab_size)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import as_int, positive_ints, require_choice, require_tensor, shape_str
+from helpers._validate import as_int, check_ids, positive_ints, require_choice, shape_str
 from helpers.attention import MultiHeadAttention
 from helpers.masks import causal_mask
 from helpers.positional import LearnedPositionalEmbedding
@@ -78,9 +78,7 @@ class AttentionOnly(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) -> logits (B, T, V) (lesson 13)."""
-        require_tensor(ids, "ids", dim=2, what="(B, T) token ids")
-        if ids.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"ids must hold integer token ids, got dtype {ids.dtype}")
+        check_ids(ids, "ids", self.config.vocab_size, self.config.max_len, self.embed.weight.device)
         B, T = ids.shape
         mask = causal_mask(T, device=ids.device)  # (T, T), True = may attend
         x = self.pos(self.embed(ids))  # (B, T, C)
