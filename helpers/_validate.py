@@ -131,11 +131,16 @@ def check_id_dtype(ids: torch.Tensor, name: str) -> None:
                         + (f"; convert them with {name}.long()" if narrow else ""))
 
 
-def check_heads(d_model: int, n_heads: int) -> None:
-    """Raise a ValueError unless d_model splits into n_heads heads of a whole number of features (lesson 04)."""
+def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None = None) -> None:
+    """Raise a ValueError unless d_model splits into n_heads heads of a whole number of features (lesson 04)
+    and, given n_kv_heads, each key/value head serves a whole group of query heads (lesson 09). The one home
+    of these rules: attention, the Transformer's and the GPT's configs, the attention-only model, the diagrams."""
     if d_model % n_heads != 0:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets "
                          f"d_model / n_heads = {d_model / n_heads:g} features, which must be a whole number")
+    if n_kv_heads is not None and n_heads % n_kv_heads != 0:
+        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: every key/value "
+                         "head must serve the same number of query heads")
 
 
 def check_ids(ids, name: str, vocab_size: int, max_len: int | None = None, device: torch.device | None = None) -> None:

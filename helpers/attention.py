@@ -258,10 +258,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         d_model, n_heads = positive_int(d_model, "d_model"), positive_int(n_heads, "n_heads")
         n_kv_heads = n_heads if n_kv_heads is None else positive_int(n_kv_heads, "n_kv_heads")
-        check_heads(d_model, n_heads)
-        if n_heads % n_kv_heads != 0:
-            raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: every key/value "
-                             "head must serve the same number of query heads")
+        check_heads(d_model, n_heads, n_kv_heads)
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.n_kv_heads = n_kv_heads
         self.dropout = nn.Dropout(probability(dropout, "dropout"))  # on the attention weights

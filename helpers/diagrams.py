@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from helpers._validate import require_choice
+from helpers._validate import check_heads, require_choice
 from helpers.plot import ROLE_COLORS, mask_cmap
 
 __all__ = ["seq2seq_diagram", "rnn_vs_attention_path_diagram", "qkv_diagram", "softmax_gradient_diagram",
@@ -73,8 +73,7 @@ def _positive_int(name: str, value, maximum: int | None = None) -> int:
 def _heads(d_model, n_heads) -> int:
     d_model = _positive_int("d_model", d_model)
     n_heads = _positive_int("n_heads", n_heads)
-    if d_model % n_heads:
-        raise ValueError(f"d_model={d_model} must be a multiple of n_heads={n_heads}")
+    check_heads(d_model, n_heads)
     return d_model // n_heads
 
 

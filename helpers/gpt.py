@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from helpers._validate import as_int, check_ids, positive_int, probability, require_bool
+from helpers._validate import as_int, check_heads, check_ids, positive_int, probability, require_bool
 from helpers.attention import MultiHeadAttention
 from helpers.decoding import filter_logits, generate  # noqa: F401 (filter_logits: lesson 12 imports it here)
 from helpers.layers import FeedForward
@@ -46,14 +46,9 @@ class GPTConfig:
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
             object.__setattr__(self, name, positive_int(getattr(self, name), name))  # numpy ints become ints
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: each head gets "
-                             f"d_model / n_heads = {self.d_model / self.n_heads:g} features, which must be whole")
         if self.n_kv_heads is not None:
-            kv = positive_int(self.n_kv_heads, "n_kv_heads")  # numpy ints become ints
-            if self.n_heads % kv:
-                raise ValueError(f"n_kv_heads must be None or a positive divisor of n_heads={self.n_heads}, got {kv!r}")
-            object.__setattr__(self, "n_kv_heads", kv)
+            object.__setattr__(self, "n_kv_heads", positive_int(self.n_kv_heads, "n_kv_heads"))
+        check_heads(self.d_model, self.n_heads, self.n_kv_heads)
         probability(self.dropout, "dropout")
         require_bool(self.tie_weights, "tie_weights")
         if not isinstance(self.special_ids, (tuple, list)):

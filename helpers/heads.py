@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import as_int, check_ids, positive_ints, require_choice, shape_str
+from helpers._validate import as_int, check_heads, check_ids, positive_ints, require_choice, shape_str
 from helpers.attention import MultiHeadAttention
 from helpers.masks import causal_mask
 from helpers.positional import LearnedPositionalEmbedding
@@ -43,8 +43,7 @@ class AttentionOnlyConfig:
     def __post_init__(self):
         positive_ints(vocab_size=self.vocab_size, d_model=self.d_model, n_heads=self.n_heads,
                       n_layers=self.n_layers, max_len=self.max_len)
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        check_heads(self.d_model, self.n_heads)
         if self.init_std is not None and not self.init_std > 0:
             raise ValueError(f"init_std must be positive or None, got {self.init_std}")
 

@@ -126,7 +126,7 @@ def test_rope_panel_dot_products_are_equal():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: diagrams.multi_head_diagram(8, 30, 4), "d_model=30 must be a multiple of n_heads=4"),
+    (lambda: diagrams.multi_head_diagram(8, 30, 4), "d_model=30 is not divisible by n_heads=4"),
     (lambda: diagrams.qkv_diagram(0, 12, 4), "T must be a positive integer"),
     (lambda: diagrams.qkv_diagram(9, 12, 4, query_index=9), "query_index must be an integer in [0, T)"),
     (lambda: diagrams.mask_diagram(4, 5), "length=5"),
