@@ -62,12 +62,23 @@ def as_real(value) -> float | None:
     return float(value)
 
 
+def require_real(value, name: str, low: float, high: float, bounds: str = "[]", what: str = "a number",
+                 note: str = "") -> float:
+    """``value`` as a float in the interval from low to high, else a ValueError naming ``name``; the one
+    number rule of the helpers (dropout, eps, temperature, top_p, length penalty, smoothing, clipping).
+
+    ``bounds``: "[]", "[)", "(]" or "()", whether each end is included; NaN is never in the interval.
+    The message reads "{name} must be {what} in [low, high){note}, got {value!r}".
+    """
+    x = as_real(value)
+    if x is None or not (low < x or bounds[0] == "[" and x == low) or not (x < high or bounds[1] == "]" and x == high):
+        raise ValueError(f"{name} must be {what} in {bounds[0]}{low:g}, {high:g}{bounds[1]}{note}, got {value!r}")
+    return x
+
+
 def probability(value, name: str) -> float:
     """``value`` as a float in [0, 1) (a dropout rate); bools and non-numbers are rejected."""
-    x = as_real(value)
-    if x is None or not 0.0 <= x < 1.0:
-        raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
-    return x
+    return require_real(value, name, 0, 1, "[)", "a probability")
 
 
 def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0, dim: int | None = None,

@@ -10,6 +10,7 @@ forward hooks on the existing modules, so the models themselves are unchanged.
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import as_int, check_heads, check_ids, positive_ints, require_choice, shape_str
+from helpers._validate import as_int, check_heads, check_ids, positive_ints, require_choice, require_real, shape_str
 from helpers.attention import MultiHeadAttention
 from helpers.masks import causal_mask
 from helpers.positional import LearnedPositionalEmbedding
@@ -44,8 +45,8 @@ class AttentionOnlyConfig:
         positive_ints(vocab_size=self.vocab_size, d_model=self.d_model, n_heads=self.n_heads,
                       n_layers=self.n_layers, max_len=self.max_len)
         check_heads(self.d_model, self.n_heads)
-        if self.init_std is not None and not self.init_std > 0:
-            raise ValueError(f"init_std must be positive or None, got {self.init_std}")
+        if self.init_std is not None:
+            require_real(self.init_std, "init_std", 0, math.inf, "(]", "None or a positive number")
 
     @classmethod
     def tiny(cls, vocab_size: int = 8, n_layers: int = 2) -> AttentionOnlyConfig:

@@ -15,7 +15,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from helpers._validate import positive_int, shape_str
+from helpers._validate import as_int, positive_int, require_real, shape_str
 
 LOG_FILE = "gpt_shakespeare_log.json"  # the training log of the course's checkpoint, in data/
 
@@ -124,11 +124,8 @@ def ngram_bits_per_char(train_ids: torch.Tensor, eval_ids: torch.Tensor, vocab_s
     they have (the first position scored uses the character before it).
     """
     V = positive_int(vocab_size, "vocab_size")
-    order = positive_int(order, "order")
-    if order > 3:
-        raise ValueError(f"order must be 1 (unigram), 2 (bigram) or 3 (trigram), got {order}")
-    if isinstance(k, bool) or not isinstance(k, (int, float)) or not (k > 0 and math.isfinite(k)):
-        raise ValueError(f"k must be a positive finite number (add-k smoothing), got {k!r}")
+    order = as_int(order, "order (1 unigram, 2 bigram, 3 trigram)", 1, 3)
+    k = require_real(k, "k", 0, math.inf, "()", "a positive finite number", " (add-k smoothing)")
     train_ids, eval_ids = _ids(train_ids, "train_ids", V), _ids(eval_ids, "eval_ids", V)
     bits = torch.empty(eval_ids.numel() - 1, dtype=torch.float64)  # one per predicted position 1..N-1
     N = eval_ids.numel()

@@ -8,7 +8,15 @@ import numbers
 import torch
 from torch import nn
 
-from helpers._validate import as_int, check_positions, positive_int, positive_ints, probability, require_tensor
+from helpers._validate import (
+    as_int,
+    check_positions,
+    positive_int,
+    positive_ints,
+    probability,
+    require_real,
+    require_tensor,
+)
 
 
 def sinusoidal_encoding(length: int, d_model: int) -> torch.Tensor:
@@ -96,8 +104,7 @@ def rotary_angles(positions, dim: int, base: float = 10000.0) -> torch.Tensor:
     """
     if positive_int(dim, "dim") % 2:
         raise ValueError(f"dim must be a positive even int (features rotate in pairs), got {dim!r}")
-    if isinstance(base, bool) or not isinstance(base, numbers.Real) or not base > 0:
-        raise ValueError(f"base must be a positive number, got {base!r}")
+    require_real(base, "base", 0, math.inf, "(]", "a positive number")
     if isinstance(positions, numbers.Integral) and not isinstance(positions, bool):
         positions = torch.arange(positive_int(positions, "positions (a count)"))
     pos = torch.as_tensor(positions)

@@ -18,12 +18,12 @@ from torch import nn
 
 from helpers._validate import (
     as_int,
-    as_real,
     check_heads,
     check_ids,
     positive_int,
     probability,
     require_bool,
+    require_real,
     require_tensor,
     shape_str,
 )
@@ -72,9 +72,7 @@ class TransformerConfig:
                                                   minimum=0, maximum=smallest - 1))
         require_bool(self.norm_first, "norm_first", "True (Pre-LN) or False (Post-LN)")
         check_activation(self.activation)
-        eps = self.layer_norm_eps
-        if as_real(eps) is None or not 0.0 < eps < 1.0:
-            raise ValueError(f"layer_norm_eps must be a small positive number in (0, 1), got {eps!r}")
+        require_real(self.layer_norm_eps, "layer_norm_eps", 0, 1, "()", "a small positive number")
 
     @property
     def head_dim(self) -> int:
