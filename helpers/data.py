@@ -305,8 +305,12 @@ def _remake(name: str) -> str:
 
 
 def check_sha256(path) -> None:
-    """Raise DataFileError unless the file's sha256 is the one data/README.md beside it lists (lesson 08)."""
+    """Raise DataFileError unless the file's sha256 is the one data/README.md beside it lists, and
+    FileNotFoundError if the file is missing (lesson 08): the one check of every shipped data file."""
     path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no data file {path}: restore it from the repository (git checkout HEAD -- "
+                                f"{path.name}, run in {path.parent})")
     readme = path.parent / "README.md"
     if not readme.is_file():
         raise FileNotFoundError(f"{readme} does not exist: it lists the sha256 that {path.name} is checked against")
@@ -349,8 +353,6 @@ def load_text(split: str, data_dir=None) -> str:
     """
     require_choice(split, "split", list(TEXT_SPLITS))
     path = (find_data_dir() if data_dir is None else Path(data_dir)) / TEXT_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no data file {path}")
     check_sha256(path)
     text = path.read_bytes().decode("ascii")
     cuts, share = [0], 0.0

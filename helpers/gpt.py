@@ -179,10 +179,7 @@ def load_course_gpt(device=None):
     from helpers.data import DataFileError, Vocab, check_sha256, find_data_dir
 
     path = find_data_dir() / CHECKPOINT
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint {path}: restore it from the repository or rebuild it with "
-                                "`make train-gpt`")
-    check_sha256(path)
+    check_sha256(path)  # the file is there and is the committed one
     saved = torch.load(path, map_location="cpu", weights_only=True)
     if set(saved) != {"config", "state_dict", "symbols"}:
         raise DataFileError(f"{path} does not hold a course GPT checkpoint (keys {sorted(saved)})")
