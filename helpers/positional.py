@@ -41,6 +41,15 @@ def wavelengths(d_model: int) -> torch.Tensor:
     return 2 * math.pi * 10000.0 ** (two_i / d_model)
 
 
+def _check_offset(offset, T: int, max_len: int, table: str) -> int:
+    """``offset`` as an int >= 0 such that positions offset .. offset + T - 1 have rows in a max_len-row ``table``."""
+    offset = as_int(offset, "offset", minimum=0)
+    if offset + T > max_len:
+        raise ValueError(f"positions {offset}..{offset + T - 1} exceed max_len={max_len}: {table} has no row "
+                         f"for a position >= {max_len}; build it with a larger max_len")
+    return offset
+
+
 class PositionalEncoding(nn.Module):
     """Adds the sinusoidal encoding to token embeddings (B, T, C), then dropout (lesson 06)."""
 
@@ -64,10 +73,7 @@ class PositionalEncoding(nn.Module):
                 and offset.dtype in (torch.int64, torch.int32):
             rows = self.pe.index_select(0, offset.reshape(()) + torch.arange(T, device=x.device))  # (T, C)
             return self.dropout(x + rows.to(x.dtype))  # (B, T, C)
-        offset = as_int(offset, "offset", minimum=0)
-        if offset + T > self.max_len:
-            raise ValueError(f"positions {offset}..{offset + T - 1} exceed max_len={self.max_len}; "
-                             "build the model with a larger max_len")
+        offset = _check_offset(offset, T, self.max_len, "the sinusoidal table")
         return self.dropout(x + self.pe[offset:offset + T].to(x.dtype))  # (B, T, C)
 
 
@@ -87,12 +93,8 @@ class LearnedPositionalEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """x (B, T, C) -> x + table[offset : offset + T]; ``offset`` serves step-by-step decoding."""
         require_tensor(x, "x", floating=True, dim=3, last=self.d_model, what=f"(B, T, d_model={self.d_model})")
-        T, offset = x.shape[1], as_int(offset, "offset", minimum=0)
-        if offset + T > self.max_len:
-            raise ValueError(
-                f"positions {offset}..{offset + T - 1} exceed max_len={self.max_len}: a learned table has "
-                f"no row for a position >= {self.max_len}; build it with a larger max_len"
-            )
+        T = x.shape[1]
+        offset = _check_offset(offset, T, self.max_len, "a learned table")
         positions = torch.arange(offset, offset + T, device=x.device)  # (T,)
         return x + self.table(positions).to(x.dtype)  # (B, T, C) + (T, C) -> (B, T, C)
 

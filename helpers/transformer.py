@@ -359,9 +359,7 @@ class Transformer(nn.Module):
         """
         if max_len is None:
             return DecoderCache(memory, src_mask)
-        max_len = positive_int(max_len, "max_len")
-        if max_len > self.config.max_len:
-            raise ValueError(f"max_len={max_len} exceeds the model's max_len={self.config.max_len}")
+        max_len = as_int(max_len, "max_len (at most the model's max_len)", 1, self.config.max_len)
         require_tensor(memory, "memory", floating=True, dim=3, last=self.config.d_model,
                        what=f"(B, S, C={self.config.d_model})")
         B, S, _ = memory.shape
