@@ -140,10 +140,7 @@ def induction_score(weights: torch.Tensor, period: int) -> torch.Tensor:
     """
     w = _as_bhtt(weights, "induction_score")
     T = w.shape[-1]
-    period = as_int(period, "period", minimum=1)
-    if period >= T:
-        raise ValueError(f"period={period} leaves no repeated query: it must be below T={T} "
-                         f"(weights {shape_str(weights.shape)})")
+    period = as_int(period, f"period (below T={T}, so that a query repeats)", 1, T - 1)
     # key i - period + 1 for query i: the diagonal period - 1 below the main one, from query `period` on
     return w.diagonal(offset=-(period - 1), dim1=-2, dim2=-1)[..., 1:].mean(dim=(0, 2))  # (H,)
 
