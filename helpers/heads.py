@@ -97,10 +97,8 @@ def repeated_tokens(batch: int, length: int, vocab_size: int, min_period: int, m
     """
     batch, length, vocab_size = positive_ints(batch=batch, length=length, vocab_size=vocab_size)
     min_period = as_int(min_period, "min_period", minimum=1)
-    max_period = as_int(max_period, "max_period", minimum=min_period)
-    if max_period > vocab_size or max_period >= length:
-        raise ValueError(f"max_period={max_period} must be at most vocab_size={vocab_size} (distinct tokens) "
-                         f"and below length={length} (so that the block repeats)")
+    max_period = as_int(max_period, f"max_period (at most vocab_size={vocab_size}: distinct tokens; below "
+                                    f"length={length}: the block repeats)", min_period, min(vocab_size, length - 1))
     periods = torch.randint(min_period, max_period + 1, (batch,), generator=generator)  # (B,)
     blocks = torch.rand(batch, vocab_size, generator=generator).argsort(dim=-1)  # (B, V): random orders
     t = torch.arange(length)  # (T,)

@@ -116,7 +116,7 @@ def test_repeated_tokens_repeat_with_their_period(B, lo, extra, seed):
 
 
 def test_repeated_tokens_refuse_periods_that_cannot_repeat():
-    with pytest.raises(ValueError, match="max_period=9 must be at most vocab_size=8"):
+    with pytest.raises(ValueError, match="at most vocab_size=8: distinct tokens"):
         repeated_tokens(2, 20, 8, 2, 9)
     with pytest.raises(ValueError, match="below length=10"):
         repeated_tokens(2, 10, 32, 2, 10)
