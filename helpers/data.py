@@ -94,9 +94,8 @@ def digit_pairs(n: int, min_len: int, max_len: int, seed: int, task: str = "reve
     The same seed always gives the same pairs.
     """
     require_choice(task, "task", ("reverse", "copy"))
-    n, min_len, max_len = as_int(n, "n", minimum=0), positive_int(min_len, "min_len"), positive_int(max_len, "max_len")
-    if not min_len <= max_len:
-        raise ValueError(f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
+    n, min_len = as_int(n, "n", minimum=0), positive_int(min_len, "min_len")
+    max_len = as_int(max_len, f"max_len (at least min_len={min_len})", minimum=min_len)
     rng = random.Random(seed)
     pairs = []
     for _ in range(n):

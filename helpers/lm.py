@@ -96,10 +96,9 @@ def bits_per_char(model, ids: torch.Tensor, block: int | None = None, batch_size
     the tokens before it in its own window.
     """
     V, max_len = model.config.vocab_size, model.config.max_len
-    block = max_len if block is None else positive_int(block, "block")
+    block = max_len if block is None else block
+    block = as_int(block, f"block (at most the model's context max_len={max_len})", 1, max_len)
     batch_size = positive_int(batch_size, "batch_size")
-    if block > max_len:
-        raise ValueError(f"block={block} is longer than the model's context max_len={max_len}")
     ids = _ids(ids, "ids", V)
     n = (ids.numel() - 1) // block * block  # tokens predicted by whole windows
     total, count = 0.0, 0

@@ -406,10 +406,9 @@ class Transformer(nn.Module):
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         """src (B, S), tgt (B, T) token ids -> logits (B, T, V) for the token after each target position."""
-        check_ids(src, "src", self.config.src_vocab_size, self.config.max_len, self.encoder.embed.weight.device)
+        memory, src_mask = self.encode(src)  # (B, S, C), (B, 1, 1, S); encode checks src
         check_ids(tgt, "tgt", self.config.tgt_vocab_size, self.config.max_len, self.decoder.embed.weight.device)
         if src.shape[0] != tgt.shape[0]:
             raise ValueError(f"src {shape_str(src.shape)} and tgt {shape_str(tgt.shape)} "
                              "must have the same batch size B")
-        memory, src_mask = self.encode(src)  # (B, S, C), (B, 1, 1, S)
         return self.decode_step(tgt, DecoderCache(memory, src_mask))  # (B, T, V): the ids are checked above
