@@ -204,25 +204,6 @@ def check_qkv(q, k, v, mask=None, dropout_p: float = 0.0) -> None:
         check_bool_mask(mask, (*batch, q.shape[-2], k.shape[-2]), device=q.device, like="q")
 
 
-def check_additive_inputs(module, query, keys, values) -> None:
-    """Check query (B, T, Dq), keys (B, S, Dk) and values (B, S, Dv) of additive attention against the
-    module: widths, one dtype and device (the module's), B and S that agree, S >= 1."""
-    query_dim, key_dim, w = module.w_q.in_features, module.w_k.in_features, module.w_q.weight
-    require_tensor(query, "query", floating=True, dim=3, last=query_dim, what=f"(B, T, Dq={query_dim})")
-    require_tensor(keys, "keys", floating=True, dim=3, last=key_dim, what=f"(B, S, Dk={key_dim})")
-    require_tensor(values, "values", floating=True, dim=3, what="(B, S, Dv)")
-    check_same_kind("query, keys and values", query, keys, values)
-    if query.dtype != w.dtype or query.device != w.device:
-        raise TypeError(f"query, keys and values are {query.dtype} on {query.device} but the module's weights are "
-                        f"{w.dtype} on {w.device}: convert one of them, e.g. module.to(query.dtype)")
-    shapes = f"{shape_str(query.shape)}, {shape_str(keys.shape)}, {shape_str(values.shape)}"
-    if not query.shape[0] == keys.shape[0] == values.shape[0] or keys.shape[1] != values.shape[1]:
-        raise ValueError(f"query (B, T, Dq), keys (B, S, Dk) and values (B, S, Dv) must agree on B and S: got {shapes}")
-    if keys.shape[1] == 0:
-        raise ValueError(f"the key length S must be >= 1 (softmax over no keys is undefined): got query, keys "
-                         f"and values {shapes}")
-
-
 # One rule for masks, PyTorch's: the mask's axes are aligned with the scores' from the right.
 MASK_RULE = ("a 2-D mask is (T, S), shared by every batch item and head; any other mask has as many axes "
              "as the scores; a key-padding mask on (B, H, T, S) scores is (B, 1, 1, S)")
@@ -261,49 +242,3 @@ def check_bool_mask(mask, target_shape, what: str = "(..., T, S)", device=None, 
             f"mask is on {mask.device} but {like} is on {device}: build the mask there, e.g. "
             f"causal_mask(T, device={like}.device), or move it with mask.to({like}.device)"
         )
-
-
-def check_mha_mask(mask, B: int, H: int, T: int, S: int, device=None) -> None:
-    """A multi-head mask is 2-D, exactly (T, S), shared by every batch item and head, or 4-D,
-    broadcastable to (B, H, T, S), such as a (B, 1, 1, S) key-padding mask. ``device``: the query's."""
-    if isinstance(mask, torch.Tensor) and mask.dim() not in (2, 4):
-        raise ValueError(
-            f"mask must be 2-D (T, S) = ({T}, {S}) or 4-D, broadcastable to (B, H, T, S) = "
-            f"({B}, {H}, {T}, {S}); got {mask.dim()}-D {shape_str(mask.shape)}. A key-padding mask is "
-            "(B, 1, 1, S): build it with helpers.masks.padding_mask(lengths, S) or mask[:, None, None, :]"
-        )
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and tuple(mask.shape) != (T, S):
-        raise ValueError(
-            f"a 2-D mask is read as (T, S) = ({T}, {S}), one row per query, the same for every batch "
-            f"item; got {shape_str(mask.shape)}. A key-padding mask (B, S) must be given as "
-            "(B, 1, 1, S): helpers.masks.padding_mask(lengths, S) or mask[:, None, None, :]"
-        )
-    check_bool_mask(mask, (B, H, T, S), "(B, H, T, S)", device=device, like="query")
-
-
-def check_positions(x, positions) -> torch.Tensor:
-    """Check x (..., T, D) with D even and return ``positions`` (default 0..T-1) as a tensor that has
-    one position per row of x and broadcasts to x.shape[:-1] (for rotary embeddings)."""
-    require_tensor(x, "x", floating=True, min_dim=2)
-    T, D = x.shape[-2], x.shape[-1]
-    if D % 2:
-        raise ValueError(
-            f"rotary embeddings rotate pairs of features, so the last dimension D of x must be even; "
-            f"got x of shape {shape_str(x.shape)} (D={D})"
-        )
-    pos = torch.arange(T, device=x.device) if positions is None else torch.as_tensor(positions, device=x.device)
-    if pos.dim() == 0 or pos.shape[-1] != T:
-        raise ValueError(
-            f"positions must hold one position per row of x: x is {shape_str(x.shape)} (T={T}), "
-            f"positions is {shape_str(pos.shape)}"
-        )
-    try:
-        fits = torch.broadcast_shapes(pos.shape, x.shape[:-1]) == x.shape[:-1]
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"positions of shape {shape_str(pos.shape)} do not broadcast to x.shape[:-1] = "
-            f"{shape_str(x.shape[:-1])}"
-        )
-    return pos

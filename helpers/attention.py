@@ -9,11 +9,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers._validate import (
-    check_additive_inputs,
     check_bool_mask,
     check_heads,
-    check_mha_mask,
     check_qkv,
+    check_same_kind,
     positive_int,
     probability,
     require_bool,
@@ -106,6 +105,25 @@ def _fused_attention(q, k, v, mask=None, dropout_p: float = 0.0) -> torch.Tensor
     return torch.where(has_key, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
+def _check_additive_inputs(module, query, keys, values) -> None:
+    """Check query (B, T, Dq), keys (B, S, Dk) and values (B, S, Dv) of additive attention against the
+    module: widths, one dtype and device (the module's), B and S that agree, S >= 1."""
+    query_dim, key_dim, w = module.w_q.in_features, module.w_k.in_features, module.w_q.weight
+    require_tensor(query, "query", floating=True, dim=3, last=query_dim, what=f"(B, T, Dq={query_dim})")
+    require_tensor(keys, "keys", floating=True, dim=3, last=key_dim, what=f"(B, S, Dk={key_dim})")
+    require_tensor(values, "values", floating=True, dim=3, what="(B, S, Dv)")
+    check_same_kind("query, keys and values", query, keys, values)
+    if query.dtype != w.dtype or query.device != w.device:
+        raise TypeError(f"query, keys and values are {query.dtype} on {query.device} but the module's weights are "
+                        f"{w.dtype} on {w.device}: convert one of them, e.g. module.to(query.dtype)")
+    shapes = f"{shape_str(query.shape)}, {shape_str(keys.shape)}, {shape_str(values.shape)}"
+    if not query.shape[0] == keys.shape[0] == values.shape[0] or keys.shape[1] != values.shape[1]:
+        raise ValueError(f"query (B, T, Dq), keys (B, S, Dk) and values (B, S, Dv) must agree on B and S: got {shapes}")
+    if keys.shape[1] == 0:
+        raise ValueError(f"the key length S must be >= 1 (softmax over no keys is undefined): got query, keys "
+                         f"and values {shapes}")
+
+
 class AdditiveAttention(nn.Module):
     """Bahdanau et al. 2015 scoring: score(q, k) = v^T tanh(W_q q + W_k k) (lesson 01)."""
 
@@ -125,7 +143,7 @@ class AdditiveAttention(nn.Module):
         is (B, 1, S)).
         """
         values = keys if values is None else values
-        check_additive_inputs(self, query, keys, values)
+        _check_additive_inputs(self, query, keys, values)
         # (B, T, 1, hidden) + (B, 1, S, hidden) -> (B, T, S, hidden) -> (B, T, S)
         hidden = torch.tanh(self.w_q(query).unsqueeze(-2) + self.w_k(keys).unsqueeze(-3))
         scores = self.v(hidden).squeeze(-1)  # (B, T, S)
@@ -216,11 +234,29 @@ def _check_mha_inputs(module, query, key, value, mask, need_weights, cache=None)
     else:
         S = _check_cache(module, cache, B, 0 if len(given) == 1 else key.shape[1])
     if mask is not None:
-        check_mha_mask(mask, B, module.n_heads, T, S, device=query.device)
+        _check_mha_mask(mask, B, module.n_heads, T, S, device=query.device)
     elif cache is not None and cache.static:
         raise ValueError(f"a static KVCache makes the queries attend to all its max_len={cache.max_len} slots, "
                          "the ones not written yet too: give a mask that hides them (helpers.masks."
                          "cached_causal_mask(cache.start(), T_new, cache.max_len))")
+
+
+def _check_mha_mask(mask, B: int, H: int, T: int, S: int, device=None) -> None:
+    """A multi-head mask is 2-D, exactly (T, S), shared by every batch item and head, or 4-D,
+    broadcastable to (B, H, T, S), such as a (B, 1, 1, S) key-padding mask. ``device``: the query's."""
+    if isinstance(mask, torch.Tensor) and mask.dim() not in (2, 4):
+        raise ValueError(
+            f"mask must be 2-D (T, S) = ({T}, {S}) or 4-D, broadcastable to (B, H, T, S) = "
+            f"({B}, {H}, {T}, {S}); got {mask.dim()}-D {shape_str(mask.shape)}. A key-padding mask is "
+            "(B, 1, 1, S): build it with helpers.masks.padding_mask(lengths, S) or mask[:, None, None, :]"
+        )
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and tuple(mask.shape) != (T, S):
+        raise ValueError(
+            f"a 2-D mask is read as (T, S) = ({T}, {S}), one row per query, the same for every batch "
+            f"item; got {shape_str(mask.shape)}. A key-padding mask (B, S) must be given as "
+            "(B, 1, 1, S): helpers.masks.padding_mask(lengths, S) or mask[:, None, None, :]"
+        )
+    check_bool_mask(mask, (B, H, T, S), "(B, H, T, S)", device=device, like="query")
 
 
 def _check_cache(module, cache, B: int, n_new: int) -> int:

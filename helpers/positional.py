@@ -10,12 +10,12 @@ from torch import nn
 
 from helpers._validate import (
     as_int,
-    check_positions,
     positive_int,
     positive_ints,
     probability,
     require_real,
     require_tensor,
+    shape_str,
 )
 
 
@@ -118,13 +118,41 @@ def rotary_angles(positions, dim: int, base: float = 10000.0) -> torch.Tensor:
     return pos[..., None] * theta  # (..., T, 1) * (dim/2,) -> (..., T, dim/2)
 
 
+def _check_positions(x, positions) -> torch.Tensor:
+    """Check x (..., T, D) with D even and return ``positions`` (default 0..T-1) as a tensor that has
+    one position per row of x and broadcasts to x.shape[:-1] (for rotary embeddings)."""
+    require_tensor(x, "x", floating=True, min_dim=2)
+    T, D = x.shape[-2], x.shape[-1]
+    if D % 2:
+        raise ValueError(
+            f"rotary embeddings rotate pairs of features, so the last dimension D of x must be even; "
+            f"got x of shape {shape_str(x.shape)} (D={D})"
+        )
+    pos = torch.arange(T, device=x.device) if positions is None else torch.as_tensor(positions, device=x.device)
+    if pos.dim() == 0 or pos.shape[-1] != T:
+        raise ValueError(
+            f"positions must hold one position per row of x: x is {shape_str(x.shape)} (T={T}), "
+            f"positions is {shape_str(pos.shape)}"
+        )
+    try:
+        fits = torch.broadcast_shapes(pos.shape, x.shape[:-1]) == x.shape[:-1]
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"positions of shape {shape_str(pos.shape)} do not broadcast to x.shape[:-1] = "
+            f"{shape_str(x.shape[:-1])}"
+        )
+    return pos
+
+
 def apply_rotary(x: torch.Tensor, positions=None, base: float = 10000.0) -> torch.Tensor:
     """Rotary position embedding (RoPE, Su et al. 2021) of x (..., T, D), D even (lesson 06).
 
     Feature pair (2i, 2i+1) at position p is rotated by the angle p * base^(-2i/D); ``positions``
     (default 0..T-1) is a sequence of T positions or a tensor broadcastable to x.shape[:-1].
     """
-    pos = check_positions(x, positions)  # (..., T), broadcastable to x.shape[:-1]
+    pos = _check_positions(x, positions)  # (..., T), broadcastable to x.shape[:-1]
     D = x.shape[-1]
     angles = rotary_angles(pos, D, base)  # (..., T, D/2), float64 so that large positions stay exact
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (..., T, D/2)
