@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import numbers
 import os
 import random
 import re
@@ -63,8 +62,7 @@ class Vocab:
             ids = ids.tolist()
         ids = list(ids)
         for pos, i in enumerate(ids):
-            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < len(self):
-                raise ValueError(f"id {i!r} at position {pos} is not in the vocabulary: ids are 0..{len(self) - 1}")
+            as_int(i, f"the id at position {pos} (a token id of this vocabulary)", 0, len(self) - 1)
         out = []
         for i in ids:
             if i == self.eos_id:
