@@ -81,6 +81,13 @@ def probability(value, name: str) -> float:
     return require_real(value, name, 0, 1, "[)", "a probability")
 
 
+def require_type(value, name: str, types, what: str) -> None:
+    """Raise a TypeError unless ``value`` is an instance of ``types``; the message reads
+    "{name} must be {what}, got {type name}" (the one type rule of the helpers)."""
+    if not isinstance(value, types):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
+
+
 def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0, dim: int | None = None,
                    last: int | None = None, what: str = "") -> None:
     """Raise TypeError/ValueError unless ``x`` is a tensor of the required kind and shape.
@@ -88,8 +95,7 @@ def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0, di
     ``dim``: exact number of dimensions; ``last``: required size of the last dimension; ``what``:
     the expected shape in words, e.g. "(B, T, C=16)", used in the message.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    require_type(x, name, torch.Tensor, "a torch.Tensor")
     if floating and not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
     if x.dim() < min_dim:
@@ -161,8 +167,7 @@ def check_ids(ids, name: str, vocab_size: int, max_len: int | None = None, devic
     (the RNN of lesson 01, the Transformer, MiniLM, the GPT, the attention-only model, the decoders of
     ``helpers.decoding``) checks its ids with this one function; None skips the length or device rule.
     """
-    if not isinstance(ids, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    require_type(ids, name, torch.Tensor, "a torch.Tensor of token ids")
     check_id_dtype(ids, name)
     if device is not None and ids.device != device:
         raise ValueError(f"{name} is on {ids.device} but the model is on {device}: move the ids there with "
@@ -212,8 +217,7 @@ MASK_RULE = ("a 2-D mask is (T, S), shared by every batch item and head; any oth
 def check_bool_mask(mask, target_shape, what: str = "(..., T, S)", device=None, like: str = "q") -> None:
     """Check that ``mask`` is boolean, broadcasts to ``target_shape`` without growing it (2-D, or with
     all the scores' axes: see MASK_RULE) and, when ``device`` is given, lies on the device of ``like``."""
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"mask must be a boolean torch.Tensor, got {type(mask).__name__}")
+    require_type(mask, "mask", torch.Tensor, "a boolean torch.Tensor")
     if mask.dtype != torch.bool:
         raise TypeError(
             f"mask must be boolean with True = may attend, got dtype {mask.dtype}; "

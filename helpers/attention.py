@@ -17,6 +17,7 @@ from helpers._validate import (
     probability,
     require_bool,
     require_tensor,
+    require_type,
     shape_str,
 )
 
@@ -262,9 +263,7 @@ def _check_mha_mask(mask, B: int, H: int, T: int, S: int, device=None) -> None:
 def _check_cache(module, cache, B: int, n_new: int) -> int:
     """Check that ``cache`` (a helpers.attention.KVCache) fits the module and a batch of B; return S, the
     number of slots the queries will attend to once n_new more positions are written."""
-    if not isinstance(cache, KVCache):
-        raise TypeError(f"cache must be a helpers.attention.KVCache (from module.new_cache(batch, max_len)), "
-                        f"got {type(cache).__name__}")
+    require_type(cache, "cache", KVCache, "a helpers.attention.KVCache (from module.new_cache(batch, max_len))")
     want = (B, module.n_kv_heads, cache.max_len, module.head_dim)
     if tuple(cache.k.shape) != want or cache.k.dtype != module.w_k.weight.dtype \
             or cache.k.device != module.w_k.weight.device:
@@ -354,8 +353,7 @@ def to_torch_mha(module: MultiHeadAttention) -> nn.MultiheadAttention:
     PyTorch stacks W_Q, W_K, W_V into one (3C, C) ``in_proj_weight``; W_O is its ``out_proj``.
     Same dtype and device as ``module``; its dropout rate and train/eval mode are carried over.
     """
-    if not isinstance(module, MultiHeadAttention):
-        raise TypeError(f"module must be a helpers.attention.MultiHeadAttention, got {type(module).__name__}")
+    require_type(module, "module", MultiHeadAttention, "a helpers.attention.MultiHeadAttention")
     if module.n_kv_heads != module.n_heads:
         raise ValueError(f"nn.MultiheadAttention has one key/value head per query head; this module shares "
                          f"{module.n_kv_heads} among {module.n_heads} (grouped-query attention)")

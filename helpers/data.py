@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from helpers._validate import as_int, positive_int, require_choice
+from helpers._validate import as_int, positive_int, require_choice, require_type
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 
@@ -152,10 +152,8 @@ def format_date(date: datetime.date, fmt: str) -> str:
     """Write ``date`` in the human-readable format ``fmt``, one of DATE_FORMATS (lesson 08)."""
     if isinstance(date, datetime.datetime):
         date = date.date()  # a datetime is a date with a time of day, which no format shows
-    if not isinstance(date, datetime.date):
-        raise TypeError(f"date must be a datetime.date, got {type(date).__name__}")
-    if not isinstance(fmt, str):
-        raise TypeError(f"fmt must be a format string such as DATE_FORMATS[0], got {type(fmt).__name__}")
+    require_type(date, "date", datetime.date, "a datetime.date")
+    require_type(fmt, "fmt", str, "a format string such as DATE_FORMATS[0]")
     if "{yy}" in fmt and not FIRST_DATE <= date <= LAST_DATE:
         raise ValueError(f"a two-digit year names a date in {FIRST_DATE}..{LAST_DATE} only, got {date}")
     month, weekday = MONTHS[date.month - 1], WEEKDAYS[date.weekday()]
@@ -238,8 +236,7 @@ _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 def read_date_tsv(path) -> list[tuple[str, str]]:
     """Read and check a dates TSV file into (source, ISO target) pairs; errors name file and line (lesson 08)."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or a pathlib.Path, got {type(path).__name__}")
+    require_type(path, "path", (str, os.PathLike), "a str or a pathlib.Path")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no data file {path}")

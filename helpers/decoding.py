@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from helpers._validate import as_int, check_ids, positive_int, require_bool, require_real, shape_str
+from helpers._validate import as_int, check_ids, positive_int, require_bool, require_real, require_type, shape_str
 
 # --- the encoder-decoder (lesson 08) -----------------------------------------------------------
 
@@ -312,8 +312,7 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
     check_ids(ids, "ids", cfg.vocab_size, cfg.max_len, model.embed.weight.device)
     max_new_tokens = as_int(max_new_tokens, "max_new_tokens", minimum=0)
     require_bool(use_cache, "use_cache")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    require_type(generator, "generator", (torch.Generator, type(None)), "a torch.Generator or None")
     filter_logits(torch.zeros(1, cfg.vocab_size), temperature, top_k, top_p)  # check the knobs once
     special = list(cfg.special_ids)
     window = min(ids.shape[1] + max_new_tokens, cfg.max_len)  # the most tokens the model sees at once

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from helpers._validate import as_int, check_heads, check_ids, positive_int, probability, require_bool
+from helpers._validate import as_int, check_heads, check_ids, positive_int, probability, require_bool, require_type
 from helpers.attention import MultiHeadAttention
 from helpers.decoding import filter_logits, generate  # noqa: F401 (filter_logits: lesson 12 imports it here)
 from helpers.layers import FeedForward
@@ -51,8 +51,7 @@ class GPTConfig:
         check_heads(self.d_model, self.n_heads, self.n_kv_heads)
         probability(self.dropout, "dropout")
         require_bool(self.tie_weights, "tie_weights")
-        if not isinstance(self.special_ids, (tuple, list)):
-            raise TypeError(f"special_ids must be a tuple of token ids, got {type(self.special_ids).__name__}")
+        require_type(self.special_ids, "special_ids", (tuple, list), "a tuple of token ids")
         special = tuple(sorted({as_int(i, "each of special_ids (a token id)", minimum=0,
                                        maximum=self.vocab_size - 1) for i in self.special_ids}))
         if len(special) == self.vocab_size:
@@ -105,8 +104,7 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        if not isinstance(config, GPTConfig):
-            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        require_type(config, "config", GPTConfig, "a GPTConfig")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.pos = LearnedPositionalEmbedding(config.max_len, config.d_model)

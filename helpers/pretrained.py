@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import as_int, check_ids, positive_int, shape_str
+from helpers._validate import as_int, check_ids, positive_int, require_type, shape_str
 from helpers.positional import LearnedPositionalEmbedding
 from helpers.transformer import EncoderLayer, TransformerConfig
 
@@ -230,8 +230,7 @@ class WordPieceTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """[CLS] + the ids of ``text``'s tokens + [SEP], cut to at most ``max_len`` ids (lesson 11)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        require_type(text, "text", str, "a str")
         ids = [self.vocab[t] for t in self.tokenize(text)][: self.max_len - 2]
         return [self.cls_id, *ids, self.sep_id]
 

@@ -25,6 +25,7 @@ from helpers._validate import (
     require_bool,
     require_real,
     require_tensor,
+    require_type,
     shape_str,
 )
 from helpers.attention import MultiHeadAttention
@@ -384,8 +385,7 @@ class Transformer(nn.Module):
             _check_memory(memory, tgt, self.config.d_model)
         if cache is None:
             return self.decode_step(tgt, DecoderCache(memory, src_mask))
-        if not isinstance(cache, DecoderCache):
-            raise TypeError(f"cache must be a DecoderCache (from model.new_decode_cache), got {type(cache).__name__}")
+        require_type(cache, "cache", DecoderCache, "a DecoderCache (from model.new_decode_cache)")
         if cache.keep is not None and cache.keep.shape[0] != tgt.shape[0]:
             raise ValueError(f"the cache was made for a batch of {cache.keep.shape[0]}, tgt is "
                              f"{shape_str(tgt.shape)}")
