@@ -47,7 +47,8 @@ class GPTConfig:
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
             object.__setattr__(self, name, positive_int(getattr(self, name), name))  # numpy ints become ints
         if self.n_kv_heads is not None:
-            object.__setattr__(self, "n_kv_heads", positive_int(self.n_kv_heads, "n_kv_heads"))
+            kv = positive_int(self.n_kv_heads, "n_kv_heads")  # numpy ints become ints
+            object.__setattr__(self, "n_kv_heads", kv)
         check_heads(self.d_model, self.n_heads, self.n_kv_heads)
         probability(self.dropout, "dropout")
         require_bool(self.tie_weights, "tie_weights")

@@ -50,7 +50,8 @@ class Encoder(nn.Module):
                  pad_id: int = 0):
         super().__init__()
         vocab_size, emb_dim, hidden_dim = positive_ints(vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim)
-        self.vocab_size, self.pad_id = vocab_size, as_int(pad_id, "pad_id (a token id)", 0, vocab_size - 1)
+        self.vocab_size = vocab_size
+        self.pad_id = as_int(pad_id, "pad_id (a token id)", 0, vocab_size - 1)
         self.out_dim = hidden_dim * (2 if bidirectional else 1)
         self.embed = nn.Embedding(vocab_size, emb_dim, padding_idx=pad_id)
         self.gru = nn.GRU(emb_dim, hidden_dim, batch_first=True, bidirectional=bidirectional)
