@@ -62,12 +62,30 @@ def as_real(value) -> float | None:
     return float(value)
 
 
+def require_real(value, name: str, low: float, high: float, bounds: str = "[]", what: str = "a number",
+                 note: str = "") -> float:
+    """``value`` as a float in the interval from low to high, else a ValueError naming ``name``; the one
+    number rule of the helpers (dropout, eps, temperature, top_p, length penalty, smoothing, clipping).
+
+    ``bounds``: "[]", "[)", "(]" or "()", whether each end is included; NaN is never in the interval.
+    The message reads "{name} must be {what} in [low, high){note}, got {value!r}".
+    """
+    x = as_real(value)
+    if x is None or not (low < x or bounds[0] == "[" and x == low) or not (x < high or bounds[1] == "]" and x == high):
+        raise ValueError(f"{name} must be {what} in {bounds[0]}{low:g}, {high:g}{bounds[1]}{note}, got {value!r}")
+    return x
+
+
 def probability(value, name: str) -> float:
     """``value`` as a float in [0, 1) (a dropout rate); bools and non-numbers are rejected."""
-    x = as_real(value)
-    if x is None or not 0.0 <= x < 1.0:
-        raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
-    return x
+    return require_real(value, name, 0, 1, "[)", "a probability")
+
+
+def require_type(value, name: str, types, what: str) -> None:
+    """Raise a TypeError unless ``value`` is an instance of ``types``; the message reads
+    "{name} must be {what}, got {type name}" (the one type rule of the helpers)."""
+    if not isinstance(value, types):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
 
 
 def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0, dim: int | None = None,
@@ -77,8 +95,7 @@ def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0, di
     ``dim``: exact number of dimensions; ``last``: required size of the last dimension; ``what``:
     the expected shape in words, e.g. "(B, T, C=16)", used in the message.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    require_type(x, name, torch.Tensor, "a torch.Tensor")
     if floating and not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
     if x.dim() < min_dim:
@@ -87,6 +104,39 @@ def require_tensor(x, name: str, *, floating: bool = False, min_dim: int = 0, di
         )
     if (dim is not None and x.dim() != dim) or (last is not None and (x.dim() == 0 or x.shape[-1] != last)):
         raise ValueError(f"{name} must have shape {what}, got {shape_str(x.shape)}")
+
+
+def require_bool(value, name: str, meaning: str = "True or False") -> None:
+    """Raise a TypeError unless ``value`` is a bool (1, 0 and numpy bools are refused); ``meaning`` says
+    what each value means, e.g. "True (Pre-LN) or False (Post-LN)"."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be {meaning}, got {value!r}")
+
+
+def require_choice(value, name: str, choices) -> None:
+    """Raise a ValueError unless ``value`` is one of the strings ``choices``. A pair, given as a tuple, is
+    written 'a' or 'b' in the message; any other collection as it prints (a list, a tuple)."""
+    if not isinstance(value, str) or value not in choices:
+        pair = isinstance(choices, tuple) and len(choices) == 2
+        raise ValueError(f"{name} must be {' or '.join(map(repr, choices)) if pair else f'one of {choices}'}, "
+                         f"got {value!r}")
+
+
+def check_same_kind(names: str, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    """Raise unless the three tensors, named together in ``names`` ("q, k and v"), share one dtype and one device."""
+    if not a.dtype == b.dtype == c.dtype:
+        raise TypeError(f"{names} must have the same dtype, got {a.dtype}, {b.dtype} and {c.dtype}")
+    if not a.device == b.device == c.device:
+        raise ValueError(f"{names} must be on the same device, got {a.device}, {b.device} and {c.device}")
+
+
+def check_width_and_length(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise unless q (..., T, D) and k (..., S, D) have one width D, and k and v (..., S, Dv) one length S."""
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same width D: q is {shape_str(q.shape)} (D={q.shape[-1]}), "
+                         f"k is {shape_str(k.shape)} (D={k.shape[-1]})")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same length S: k is {shape_str(k.shape)}, v is {shape_str(v.shape)}")
 
 
 def check_id_dtype(ids: torch.Tensor, name: str) -> None:
@@ -98,30 +148,34 @@ def check_id_dtype(ids: torch.Tensor, name: str) -> None:
                         + (f"; convert them with {name}.long()" if narrow else ""))
 
 
-def check_heads(d_model: int, n_heads: int) -> None:
-    """Raise a ValueError unless d_model splits into n_heads heads of a whole number of features (lesson 04)."""
+def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None = None) -> None:
+    """Raise a ValueError unless d_model splits into n_heads heads of a whole number of features (lesson 04)
+    and, given n_kv_heads, each key/value head serves a whole group of query heads (lesson 09). The one home
+    of these rules: attention, the Transformer's and the GPT's configs, the attention-only model, the diagrams."""
     if d_model % n_heads != 0:
         raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets "
                          f"d_model / n_heads = {d_model / n_heads:g} features, which must be a whole number")
+    if n_kv_heads is not None and n_heads % n_kv_heads != 0:
+        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: every key/value "
+                         "head must serve the same number of query heads")
 
 
-def check_ids(ids, name: str, vocab_size: int, max_len: int, device: torch.device) -> None:
+def check_ids(ids, name: str, vocab_size: int, max_len: int | None = None, device: torch.device | None = None) -> None:
     """Raise a clear error unless ``ids`` is (B, L) int64/int32 token ids in [0, vocab_size), L <= max_len (lesson 08).
 
     ``device`` is the device of the model's embedding; the ids must be there too. Every model of the course
-    (the Transformer, the GPT, the decoders of ``helpers.decoding``) checks its ids with this one function.
+    (the RNN of lesson 01, the Transformer, MiniLM, the GPT, the attention-only model, the decoders of
+    ``helpers.decoding``) checks its ids with this one function; None skips the length or device rule.
     """
-    if not isinstance(ids, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    require_type(ids, name, torch.Tensor, "a torch.Tensor of token ids")
     check_id_dtype(ids, name)
-    if ids.device != device:
+    if device is not None and ids.device != device:
         raise ValueError(f"{name} is on {ids.device} but the model is on {device}: move the ids there with "
                          f"{name}.to({str(device)!r})")
-    if ids.dim() != 2:
-        raise ValueError(f"{name} must have shape (B, L) (a batch of id sequences), got {shape_str(ids.shape)}")
+    require_tensor(ids, name, dim=2, what="(B, L) (a batch of id sequences)")
     if ids.shape[0] == 0 or ids.shape[1] == 0:
         raise ValueError(f"{name} must hold at least one sequence of at least one token, got {shape_str(ids.shape)}")
-    if ids.shape[1] > max_len:
+    if max_len is not None and ids.shape[1] > max_len:
         raise ValueError(f"{name} has length {ids.shape[1]}, longer than the model's max_len={max_len}; "
                          "build the model with a larger max_len or shorten the input")
     bad = (ids < 0) | (ids >= vocab_size)
@@ -137,15 +191,8 @@ def check_qkv(q, k, v, mask=None, dropout_p: float = 0.0) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_tensor(t, name, floating=True, min_dim=2)
     shapes = f"q {shape_str(q.shape)}, k {shape_str(k.shape)}, v {shape_str(v.shape)}"
-    if not q.dtype == k.dtype == v.dtype:
-        raise TypeError(f"q, k and v must have the same dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
-    if not q.device == k.device == v.device:
-        raise ValueError(f"q, k and v must be on the same device, got {q.device}, {k.device} and {v.device}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same width D: q is {shape_str(q.shape)} (D={q.shape[-1]}), "
-                         f"k is {shape_str(k.shape)} (D={k.shape[-1]})")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same length S: k is {shape_str(k.shape)}, v is {shape_str(v.shape)}")
+    check_same_kind("q, k and v", q, k, v)
+    check_width_and_length(q, k, v)
     if q.shape[-1] == 0 or k.shape[-2] == 0:
         raise ValueError(f"the width D and the key length S must be >= 1 (softmax over no keys is "
                          f"undefined): got {shapes}")
@@ -162,30 +209,6 @@ def check_qkv(q, k, v, mask=None, dropout_p: float = 0.0) -> None:
         check_bool_mask(mask, (*batch, q.shape[-2], k.shape[-2]), device=q.device, like="q")
 
 
-def check_additive_inputs(module, query, keys, values) -> None:
-    """Check query (B, T, Dq), keys (B, S, Dk) and values (B, S, Dv) of additive attention against the
-    module: widths, one dtype and device (the module's), B and S that agree, S >= 1."""
-    query_dim, key_dim, w = module.w_q.in_features, module.w_k.in_features, module.w_q.weight
-    require_tensor(query, "query", floating=True, dim=3, last=query_dim, what=f"(B, T, Dq={query_dim})")
-    require_tensor(keys, "keys", floating=True, dim=3, last=key_dim, what=f"(B, S, Dk={key_dim})")
-    require_tensor(values, "values", floating=True, dim=3, what="(B, S, Dv)")
-    if not query.dtype == keys.dtype == values.dtype:
-        raise TypeError(f"query, keys and values must have the same dtype, got {query.dtype}, {keys.dtype} "
-                        f"and {values.dtype}")
-    if not query.device == keys.device == values.device:
-        raise ValueError(f"query, keys and values must be on the same device, got {query.device}, {keys.device} "
-                         f"and {values.device}")
-    if query.dtype != w.dtype or query.device != w.device:
-        raise TypeError(f"query, keys and values are {query.dtype} on {query.device} but the module's weights are "
-                        f"{w.dtype} on {w.device}: convert one of them, e.g. module.to(query.dtype)")
-    shapes = f"{shape_str(query.shape)}, {shape_str(keys.shape)}, {shape_str(values.shape)}"
-    if not query.shape[0] == keys.shape[0] == values.shape[0] or keys.shape[1] != values.shape[1]:
-        raise ValueError(f"query (B, T, Dq), keys (B, S, Dk) and values (B, S, Dv) must agree on B and S: got {shapes}")
-    if keys.shape[1] == 0:
-        raise ValueError(f"the key length S must be >= 1 (softmax over no keys is undefined): got query, keys "
-                         f"and values {shapes}")
-
-
 # One rule for masks, PyTorch's: the mask's axes are aligned with the scores' from the right.
 MASK_RULE = ("a 2-D mask is (T, S), shared by every batch item and head; any other mask has as many axes "
              "as the scores; a key-padding mask on (B, H, T, S) scores is (B, 1, 1, S)")
@@ -194,8 +217,7 @@ MASK_RULE = ("a 2-D mask is (T, S), shared by every batch item and head; any oth
 def check_bool_mask(mask, target_shape, what: str = "(..., T, S)", device=None, like: str = "q") -> None:
     """Check that ``mask`` is boolean, broadcasts to ``target_shape`` without growing it (2-D, or with
     all the scores' axes: see MASK_RULE) and, when ``device`` is given, lies on the device of ``like``."""
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"mask must be a boolean torch.Tensor, got {type(mask).__name__}")
+    require_type(mask, "mask", torch.Tensor, "a boolean torch.Tensor")
     if mask.dtype != torch.bool:
         raise TypeError(
             f"mask must be boolean with True = may attend, got dtype {mask.dtype}; "
@@ -224,49 +246,3 @@ def check_bool_mask(mask, target_shape, what: str = "(..., T, S)", device=None, 
             f"mask is on {mask.device} but {like} is on {device}: build the mask there, e.g. "
             f"causal_mask(T, device={like}.device), or move it with mask.to({like}.device)"
         )
-
-
-def check_mha_mask(mask, B: int, H: int, T: int, S: int, device=None) -> None:
-    """A multi-head mask is 2-D, exactly (T, S), shared by every batch item and head, or 4-D,
-    broadcastable to (B, H, T, S), such as a (B, 1, 1, S) key-padding mask. ``device``: the query's."""
-    if isinstance(mask, torch.Tensor) and mask.dim() not in (2, 4):
-        raise ValueError(
-            f"mask must be 2-D (T, S) = ({T}, {S}) or 4-D, broadcastable to (B, H, T, S) = "
-            f"({B}, {H}, {T}, {S}); got {mask.dim()}-D {shape_str(mask.shape)}. A key-padding mask is "
-            "(B, 1, 1, S): build it with helpers.masks.padding_mask(lengths, S) or mask[:, None, None, :]"
-        )
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and tuple(mask.shape) != (T, S):
-        raise ValueError(
-            f"a 2-D mask is read as (T, S) = ({T}, {S}), one row per query, the same for every batch "
-            f"item; got {shape_str(mask.shape)}. A key-padding mask (B, S) must be given as "
-            "(B, 1, 1, S): helpers.masks.padding_mask(lengths, S) or mask[:, None, None, :]"
-        )
-    check_bool_mask(mask, (B, H, T, S), "(B, H, T, S)", device=device, like="query")
-
-
-def check_positions(x, positions) -> torch.Tensor:
-    """Check x (..., T, D) with D even and return ``positions`` (default 0..T-1) as a tensor that has
-    one position per row of x and broadcasts to x.shape[:-1] (for rotary embeddings)."""
-    require_tensor(x, "x", floating=True, min_dim=2)
-    T, D = x.shape[-2], x.shape[-1]
-    if D % 2:
-        raise ValueError(
-            f"rotary embeddings rotate pairs of features, so the last dimension D of x must be even; "
-            f"got x of shape {shape_str(x.shape)} (D={D})"
-        )
-    pos = torch.arange(T, device=x.device) if positions is None else torch.as_tensor(positions, device=x.device)
-    if pos.dim() == 0 or pos.shape[-1] != T:
-        raise ValueError(
-            f"positions must hold one position per row of x: x is {shape_str(x.shape)} (T={T}), "
-            f"positions is {shape_str(pos.shape)}"
-        )
-    try:
-        fits = torch.broadcast_shapes(pos.shape, x.shape[:-1]) == x.shape[:-1]
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"positions of shape {shape_str(pos.shape)} do not broadcast to x.shape[:-1] = "
-            f"{shape_str(x.shape[:-1])}"
-        )
-    return pos

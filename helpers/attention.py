@@ -9,14 +9,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers._validate import (
-    check_additive_inputs,
     check_bool_mask,
     check_heads,
-    check_mha_mask,
     check_qkv,
+    check_same_kind,
     positive_int,
     probability,
+    require_bool,
     require_tensor,
+    require_type,
     shape_str,
 )
 
@@ -93,9 +94,9 @@ def _fused_attention(q, k, v, mask=None, dropout_p: float = 0.0) -> torch.Tensor
 
     Same mask polarity (True = may attend); a fully masked row gives a zero row instead of the
     kernel's NaN, and keys nobody reads may hold NaN, as in the weights path (the kernel adds the
-    mask as -inf, and NaN - inf is NaN, so their key rows are zeroed too).
+    mask as -inf, and NaN - inf is NaN, so their key rows are zeroed too). Its caller,
+    ``MultiHeadAttention.forward``, has checked q, k, v and the mask already.
     """
-    check_qkv(q, k, v, mask, dropout_p)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
     has_key = mask.any(dim=-1, keepdim=True)  # (..., T, 1): rows with at least one key to read
@@ -103,6 +104,25 @@ def _fused_attention(q, k, v, mask=None, dropout_p: float = 0.0) -> torch.Tensor
     k, v, q = _zero_unread_values(k, mask), _zero_unread_values(v, mask), _zero_silent_queries(q, mask)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)  # (..., T, Dv)
     return torch.where(has_key, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+def _check_additive_inputs(module, query, keys, values) -> None:
+    """Check query (B, T, Dq), keys (B, S, Dk) and values (B, S, Dv) of additive attention against the
+    module: widths, one dtype and device (the module's), B and S that agree, S >= 1."""
+    query_dim, key_dim, w = module.w_q.in_features, module.w_k.in_features, module.w_q.weight
+    require_tensor(query, "query", floating=True, dim=3, last=query_dim, what=f"(B, T, Dq={query_dim})")
+    require_tensor(keys, "keys", floating=True, dim=3, last=key_dim, what=f"(B, S, Dk={key_dim})")
+    require_tensor(values, "values", floating=True, dim=3, what="(B, S, Dv)")
+    check_same_kind("query, keys and values", query, keys, values)
+    if query.dtype != w.dtype or query.device != w.device:
+        raise TypeError(f"query, keys and values are {query.dtype} on {query.device} but the module's weights are "
+                        f"{w.dtype} on {w.device}: convert one of them, e.g. module.to(query.dtype)")
+    shapes = f"{shape_str(query.shape)}, {shape_str(keys.shape)}, {shape_str(values.shape)}"
+    if not query.shape[0] == keys.shape[0] == values.shape[0] or keys.shape[1] != values.shape[1]:
+        raise ValueError(f"query (B, T, Dq), keys (B, S, Dk) and values (B, S, Dv) must agree on B and S: got {shapes}")
+    if keys.shape[1] == 0:
+        raise ValueError(f"the key length S must be >= 1 (softmax over no keys is undefined): got query, keys "
+                         f"and values {shapes}")
 
 
 class AdditiveAttention(nn.Module):
@@ -124,7 +144,7 @@ class AdditiveAttention(nn.Module):
         is (B, 1, S)).
         """
         values = keys if values is None else values
-        check_additive_inputs(self, query, keys, values)
+        _check_additive_inputs(self, query, keys, values)
         # (B, T, 1, hidden) + (B, 1, S, hidden) -> (B, T, S, hidden) -> (B, T, S)
         hidden = torch.tanh(self.w_q(query).unsqueeze(-2) + self.w_k(keys).unsqueeze(-3))
         scores = self.v(hidden).squeeze(-1)  # (B, T, S)
@@ -193,7 +213,7 @@ class KVCache:
 
 def _check_mha_inputs(module, query, key, value, mask, need_weights, cache=None) -> None:
     """Check the arguments of ``MultiHeadAttention.forward`` against the module (its width, dtype,
-    device) and, with a cache, against the cache (its batch size and room); key and value may then
+    device) and, with a cache, against the cache (its batch size, dtype and device); key and value may then
     both be None (read the cache only)."""
     C, w = module.d_model, module.w_q.weight
     given = [("query", query)] + ([] if cache is not None and key is None and value is None
@@ -208,35 +228,49 @@ def _check_mha_inputs(module, query, key, value, mask, need_weights, cache=None)
             "query (B, T, C), key (B, S, C) and value (B, S, C) must agree on B and S: got "
             f"{shape_str(query.shape)}, {shape_str(key.shape)}, {shape_str(value.shape)}"
         )
-    if not isinstance(need_weights, bool):
-        raise TypeError(f"need_weights must be True or False, got {need_weights!r}")
+    require_bool(need_weights, "need_weights")
     B, T = query.shape[:2]
     if cache is None:
         S = key.shape[1]
     else:
         S = _check_cache(module, cache, B, 0 if len(given) == 1 else key.shape[1])
     if mask is not None:
-        check_mha_mask(mask, B, module.n_heads, T, S, device=query.device)
+        _check_mha_mask(mask, B, module.n_heads, T, S, device=query.device)
     elif cache is not None and cache.static:
         raise ValueError(f"a static KVCache makes the queries attend to all its max_len={cache.max_len} slots, "
                          "the ones not written yet too: give a mask that hides them (helpers.masks."
                          "cached_causal_mask(cache.start(), T_new, cache.max_len))")
 
 
+def _check_mha_mask(mask, B: int, H: int, T: int, S: int, device=None) -> None:
+    """A multi-head mask is 2-D, exactly (T, S), shared by every batch item and head, or 4-D,
+    broadcastable to (B, H, T, S), such as a (B, 1, 1, S) key-padding mask. ``device``: the query's."""
+    if isinstance(mask, torch.Tensor) and mask.dim() not in (2, 4):
+        raise ValueError(
+            f"mask must be 2-D (T, S) = ({T}, {S}) or 4-D, broadcastable to (B, H, T, S) = "
+            f"({B}, {H}, {T}, {S}); got {mask.dim()}-D {shape_str(mask.shape)}. A key-padding mask is "
+            "(B, 1, 1, S): build it with helpers.masks.padding_mask(lengths, S) or mask[:, None, None, :]"
+        )
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and tuple(mask.shape) != (T, S):
+        raise ValueError(
+            f"a 2-D mask is read as (T, S) = ({T}, {S}), one row per query, the same for every batch "
+            f"item; got {shape_str(mask.shape)}. A key-padding mask (B, S) must be given as "
+            "(B, 1, 1, S): helpers.masks.padding_mask(lengths, S) or mask[:, None, None, :]"
+        )
+    check_bool_mask(mask, (B, H, T, S), "(B, H, T, S)", device=device, like="query")
+
+
 def _check_cache(module, cache, B: int, n_new: int) -> int:
-    """Check that ``cache`` (a helpers.attention.KVCache) fits the module and a batch of B, and has room
-    for n_new more positions; return S, the number of slots the queries will attend to."""
-    if not isinstance(cache, KVCache):
-        raise TypeError(f"cache must be a helpers.attention.KVCache (from module.new_cache(batch, max_len)), "
-                        f"got {type(cache).__name__}")
+    """Check that ``cache`` (a helpers.attention.KVCache) fits the module and a batch of B; return S, the
+    number of slots the queries will attend to once n_new more positions are written."""
+    require_type(cache, "cache", KVCache, "a helpers.attention.KVCache (from module.new_cache(batch, max_len))")
     want = (B, module.n_kv_heads, cache.max_len, module.head_dim)
     if tuple(cache.k.shape) != want or cache.k.dtype != module.w_k.weight.dtype \
             or cache.k.device != module.w_k.weight.device:
         raise ValueError(f"the cache holds keys {shape_str(cache.k.shape)} {cache.k.dtype} on {cache.k.device}, "
                          f"but this module and a batch of {B} need (B, n_kv_heads, max_len, head_dim) = "
                          f"{shape_str(want)} {module.w_k.weight.dtype} on {module.w_k.weight.device}")
-    cache.check_room(n_new)
-    return cache.span(n_new)
+    return cache.span(n_new)  # whether they fit is checked as they are written (KVCache.append)
 
 
 class MultiHeadAttention(nn.Module):
@@ -259,10 +293,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         d_model, n_heads = positive_int(d_model, "d_model"), positive_int(n_heads, "n_heads")
         n_kv_heads = n_heads if n_kv_heads is None else positive_int(n_kv_heads, "n_kv_heads")
-        check_heads(d_model, n_heads)
-        if n_heads % n_kv_heads != 0:
-            raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: every key/value "
-                             "head must serve the same number of query heads")
+        check_heads(d_model, n_heads, n_kv_heads)
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.n_kv_heads = n_kv_heads
         self.dropout = nn.Dropout(probability(dropout, "dropout"))  # on the attention weights
@@ -322,8 +353,7 @@ def to_torch_mha(module: MultiHeadAttention) -> nn.MultiheadAttention:
     PyTorch stacks W_Q, W_K, W_V into one (3C, C) ``in_proj_weight``; W_O is its ``out_proj``.
     Same dtype and device as ``module``; its dropout rate and train/eval mode are carried over.
     """
-    if not isinstance(module, MultiHeadAttention):
-        raise TypeError(f"module must be a helpers.attention.MultiHeadAttention, got {type(module).__name__}")
+    require_type(module, "module", MultiHeadAttention, "a helpers.attention.MultiHeadAttention")
     if module.n_kv_heads != module.n_heads:
         raise ValueError(f"nn.MultiheadAttention has one key/value head per query head; this module shares "
                          f"{module.n_kv_heads} among {module.n_heads} (grouped-query attention)")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import numbers
 import os
 import random
 import re
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from helpers._validate import as_int, positive_int
+from helpers._validate import as_int, positive_int, require_choice, require_type
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 
@@ -63,8 +62,7 @@ class Vocab:
             ids = ids.tolist()
         ids = list(ids)
         for pos, i in enumerate(ids):
-            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < len(self):
-                raise ValueError(f"id {i!r} at position {pos} is not in the vocabulary: ids are 0..{len(self) - 1}")
+            as_int(i, f"the id at position {pos} (a token id of this vocabulary)", 0, len(self) - 1)
         out = []
         for i in ids:
             if i == self.eos_id:
@@ -93,11 +91,9 @@ def digit_pairs(n: int, min_len: int, max_len: int, seed: int, task: str = "reve
     task "reverse": target is the source reversed; task "copy": target equals the source.
     The same seed always gives the same pairs.
     """
-    if task not in ("reverse", "copy"):
-        raise ValueError(f"task must be 'reverse' or 'copy', got {task!r}")
-    n, min_len, max_len = as_int(n, "n", minimum=0), positive_int(min_len, "min_len"), positive_int(max_len, "max_len")
-    if not min_len <= max_len:
-        raise ValueError(f"need 1 <= min_len <= max_len, got min_len={min_len}, max_len={max_len}")
+    require_choice(task, "task", ("reverse", "copy"))
+    n, min_len = as_int(n, "n", minimum=0), positive_int(min_len, "min_len")
+    max_len = as_int(max_len, f"max_len (at least min_len={min_len})", minimum=min_len)
     rng = random.Random(seed)
     pairs = []
     for _ in range(n):
@@ -156,10 +152,8 @@ def format_date(date: datetime.date, fmt: str) -> str:
     """Write ``date`` in the human-readable format ``fmt``, one of DATE_FORMATS (lesson 08)."""
     if isinstance(date, datetime.datetime):
         date = date.date()  # a datetime is a date with a time of day, which no format shows
-    if not isinstance(date, datetime.date):
-        raise TypeError(f"date must be a datetime.date, got {type(date).__name__}")
-    if not isinstance(fmt, str):
-        raise TypeError(f"fmt must be a format string such as DATE_FORMATS[0], got {type(fmt).__name__}")
+    require_type(date, "date", datetime.date, "a datetime.date")
+    require_type(fmt, "fmt", str, "a format string such as DATE_FORMATS[0]")
     if "{yy}" in fmt and not FIRST_DATE <= date <= LAST_DATE:
         raise ValueError(f"a two-digit year names a date in {FIRST_DATE}..{LAST_DATE} only, got {date}")
     month, weekday = MONTHS[date.month - 1], WEEKDAYS[date.weekday()]
@@ -242,8 +236,7 @@ _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 def read_date_tsv(path) -> list[tuple[str, str]]:
     """Read and check a dates TSV file into (source, ISO target) pairs; errors name file and line (lesson 08)."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or a pathlib.Path, got {type(path).__name__}")
+    require_type(path, "path", (str, os.PathLike), "a str or a pathlib.Path")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no data file {path}")
@@ -283,8 +276,7 @@ def read_date_tsv(path) -> list[tuple[str, str]]:
 
 def load_dates(split: str, data_dir=None) -> list[tuple[str, str]]:
     """(source, target) pairs of the dates split 'train', 'valid' or 'test' from data/ (lesson 08)."""
-    if split not in DATE_SPLITS:
-        raise ValueError(f"split must be one of {list(DATE_SPLITS)}, got {split!r}")
+    require_choice(split, "split", list(DATE_SPLITS))
     folder = find_data_dir() if data_dir is None else Path(data_dir)
     path = folder / f"dates_{split}.tsv"
     pairs = read_date_tsv(path)  # first the line-by-line checks, whose errors say which line is wrong
@@ -307,8 +299,12 @@ def _remake(name: str) -> str:
 
 
 def check_sha256(path) -> None:
-    """Raise DataFileError unless the file's sha256 is the one data/README.md beside it lists (lesson 08)."""
+    """Raise DataFileError unless the file's sha256 is the one data/README.md beside it lists, and
+    FileNotFoundError if the file is missing (lesson 08): the one check of every shipped data file."""
     path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no data file {path}: restore it from the repository (git checkout HEAD -- "
+                                f"{path.name}, run in {path.parent})")
     readme = path.parent / "README.md"
     if not readme.is_file():
         raise FileNotFoundError(f"{readme} does not exist: it lists the sha256 that {path.name} is checked against")
@@ -349,11 +345,8 @@ def load_text(split: str, data_dir=None) -> str:
     The parts are consecutive: each cut lies at the first blank line after its share of the text,
     so no speech is split between two parts. The file's sha256 is checked first.
     """
-    if split not in TEXT_SPLITS:
-        raise ValueError(f"split must be one of {list(TEXT_SPLITS)}, got {split!r}")
+    require_choice(split, "split", list(TEXT_SPLITS))
     path = (find_data_dir() if data_dir is None else Path(data_dir)) / TEXT_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no data file {path}")
     check_sha256(path)
     text = path.read_bytes().decode("ascii")
     cuts, share = [0], 0.0

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from helpers._validate import as_int, as_real, check_ids, positive_int, shape_str
+from helpers._validate import as_int, check_ids, positive_int, require_bool, require_real, require_type, shape_str
 
 # --- the encoder-decoder (lesson 08) -----------------------------------------------------------
 
@@ -98,9 +98,7 @@ def beam_search(model, src: torch.Tensor, bos_id: int, eos_id: int, max_len: int
     """
     bos_id, eos_id, max_len = check_decode_args(model, src, bos_id, eos_id, max_len)
     beam_size = positive_int(beam_size, "beam_size")
-    alpha = as_real(length_penalty)
-    if alpha is None or not 0 <= alpha < math.inf:
-        raise ValueError(f"length_penalty (alpha) must be a finite number >= 0, got {length_penalty!r}")
+    alpha = require_real(length_penalty, "length_penalty (alpha)", 0, math.inf, "[)", "a finite number")
     was_training = model.training
     model.eval()
     try:
@@ -272,10 +270,8 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k=None, to
             or logits.shape[-1] == 0:
         got = f"{shape_str(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"logits must be a floating tensor (..., V) with V >= 1, got {got}")
-    t = as_real(temperature)
-    if t is None or not (t > 0 and math.isfinite(t)):
-        raise ValueError(f"temperature must be a positive finite number (1.0 = unchanged; use top_k=1 for "
-                         f"greedy), got {temperature!r}")
+    t = require_real(temperature, "temperature", 0, math.inf, "()", "a positive finite number",
+                     " (1.0 = unchanged; use top_k=1 for greedy)")
     nan = torch.isnan(logits)
     if nan.any():
         where = tuple(nan.nonzero()[0].tolist())
@@ -287,9 +283,7 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k=None, to
         keep = torch.zeros_like(x, dtype=torch.bool).scatter_(-1, x.topk(top_k, dim=-1).indices, True)
         x = x.masked_fill(~keep, float("-inf"))
     if top_p is not None:
-        p = as_real(top_p)
-        if p is None or not 0.0 < p <= 1.0:
-            raise ValueError(f"top_p must be a probability in (0, 1], got {top_p!r}")
+        p = require_real(top_p, "top_p", 0, 1, "(]", "a probability")
         if p < 1.0:
             probs = _probabilities(x)  # (..., V); float64 so the running sum is exact enough
             sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # (..., V)
@@ -317,10 +311,8 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
     cfg = model.config
     check_ids(ids, "ids", cfg.vocab_size, cfg.max_len, model.embed.weight.device)
     max_new_tokens = as_int(max_new_tokens, "max_new_tokens", minimum=0)
-    if not isinstance(use_cache, bool):
-        raise TypeError(f"use_cache must be True or False, got {use_cache!r}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    require_bool(use_cache, "use_cache")
+    require_type(generator, "generator", (torch.Generator, type(None)), "a torch.Generator or None")
     filter_logits(torch.zeros(1, cfg.vocab_size), temperature, top_k, top_p)  # check the knobs once
     special = list(cfg.special_ids)
     window = min(ids.shape[1] + max_new_tokens, cfg.max_len)  # the most tokens the model sees at once

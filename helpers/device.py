@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from helpers._validate import as_int, positive_int, positive_ints
+from helpers._validate import as_int, positive_int, positive_ints, require_type
 
 
 def get_device() -> torch.device:
@@ -216,8 +216,7 @@ def peak_tflops(device=None) -> float | None:
 
 def peak_tflops_of(gpu_name: str) -> float | None:
     """The entry of PEAK_TFLOPS that matches a GPU name such as 'NVIDIA H100 80GB HBM3' (lesson 09)."""
-    if not isinstance(gpu_name, str):
-        raise TypeError(f"gpu_name must be a str, got {type(gpu_name).__name__}")
+    require_type(gpu_name, "gpu_name", str, "a str")
     for _, pattern, tflops in PEAK_TFLOPS:
         if re.search(pattern, gpu_name, flags=re.IGNORECASE):
             return tflops

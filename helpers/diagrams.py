@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 
+from helpers._validate import as_int, check_heads, require_choice
 from helpers.plot import ROLE_COLORS, mask_cmap
 
 __all__ = ["seq2seq_diagram", "rnn_vs_attention_path_diagram", "qkv_diagram", "softmax_gradient_diagram",
@@ -72,8 +73,7 @@ def _positive_int(name: str, value, maximum: int | None = None) -> int:
 def _heads(d_model, n_heads) -> int:
     d_model = _positive_int("d_model", d_model)
     n_heads = _positive_int("n_heads", n_heads)
-    if d_model % n_heads:
-        raise ValueError(f"d_model={d_model} must be a multiple of n_heads={n_heads}")
+    check_heads(d_model, n_heads)
     return d_model // n_heads
 
 
@@ -205,8 +205,7 @@ def seq2seq_diagram(source, target, weights=None, hidden_size=None, values="stat
     given, sets the darkness of each line from encoder state j to decoder step i. ``values`` says
     what the weights sum: "states" h_j (Bahdanau et al. 2015) or "embeddings" e(x_j) (lesson 01's model).
     """
-    if values not in ("states", "embeddings"):
-        raise ValueError(f"values must be 'states' or 'embeddings', got {values!r}")
+    require_choice(values, "values", ("states", "embeddings"))
     src = _labels("source", range(source), source, "{}") if isinstance(source, int) else [str(t) for t in source]
     tgt = _labels("target", range(target), target, "{}") if isinstance(target, int) else [str(t) for t in target]
     S, T = _positive_int("len(source)", len(src), 40), _positive_int("len(target)", len(tgt), 40)
@@ -306,8 +305,7 @@ def qkv_diagram(T, C, D, query_index=None, S=None):
     T, C, D = _positive_int("T", T), _positive_int("C", C), _positive_int("D", D)
     S = T if S is None else _positive_int("S", S)
     t = T - 1 if query_index is None else query_index
-    if not isinstance(t, (int, np.integer)) or not 0 <= t < T:
-        raise ValueError(f"query_index must be an integer in [0, T) = [0, {T}), got {query_index!r}")
+    t = as_int(t, "query_index (a position in [0, T))", 0, T - 1)
     self_attn = "self-attention, S = T" if S == T else "S keys from another sequence"
     fig, ax = canvas(11.0, 5.75, f"one query's journey: T = {T}, S = {S} ({self_attn}), C = {C}, D = {D}")
     # inputs and projections
@@ -487,12 +485,10 @@ def positional_rotation_diagram(d_model, pair=0, n_positions=8, m=1, n=3, shift=
     d_model = _positive_int("d_model", d_model)
     if d_model % 2:
         raise ValueError(f"d_model must be even (sin/cos pairs), got {d_model}")
-    if not isinstance(pair, (int, np.integer)) or not 0 <= pair < d_model // 2:
-        raise ValueError(f"pair must be an integer in [0, d_model / 2) = [0, {d_model // 2}), got {pair!r}")
+    pair = as_int(pair, "pair (in [0, d_model / 2))", 0, d_model // 2 - 1)
     n_positions = _positive_int("n_positions", n_positions, 16)
     for name, v in (("m", m), ("n", n), ("shift", shift)):
-        if not isinstance(v, (int, np.integer)) or v < 0:
-            raise ValueError(f"{name} must be a non-negative integer position, got {v!r}")
+        as_int(v, f"{name} (a position)", minimum=0)
     omega = base ** (-2 * pair / d_model)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 5.6), dpi=100)
     theta = np.linspace(0, 2 * np.pi, 200)
@@ -683,8 +679,7 @@ def flash_tiles_diagram(T, S, D, block_q, block_k, causal=False, query_block=Non
     if n_q > 16 or n_k > 16:
         raise ValueError(f"{n_q} x {n_k} tiles do not fit the drawing: use at most 16 blocks per side")
     i = n_q // 2 if query_block is None else query_block
-    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_q:
-        raise ValueError(f"query_block must be an integer in [0, {n_q}), got {query_block!r}")
+    i = as_int(i, "query_block", 0, n_q - 1)
 
     def skipped(a, b):  # every key of block b lies after every query of block a (bottom-right aligned)
         return causal and b * block_k > min((a + 1) * block_q, T) - 1 + (S - T)
@@ -937,8 +932,8 @@ def induction_circuit_diagram(config, tokens=None, prev_head=None, induction_hea
     j = earlier[-1]
     nxt = tokens[j + 1]
     for name, h in (("prev_head", prev_head), ("induction_head", induction_head)):
-        if h is not None and not (isinstance(h, (int, np.integer)) and 0 <= h < H):
-            raise ValueError(f"{name} must be a head number 0..{H - 1}, got {h!r}")
+        if h is not None:
+            as_int(h, f"{name} (a head number)", 0, H - 1)
     ph = "a previous-token head" if prev_head is None else f"previous-token head (layer 1, head {prev_head})"
     ih = "an induction head" if induction_head is None else f"induction head (layer 2, head {induction_head})"
     fig, ax = canvas(9.0, 5.6, f"the induction circuit: 2 attention layers, C = {C}, H = {H} heads of D = {D}")

@@ -15,39 +15,33 @@ import os
 import torch
 from torch.autograd.function import once_differentiable
 
-from helpers._validate import check_bool_mask, positive_int, require_tensor, shape_str
+from helpers._validate import (
+    check_bool_mask,
+    check_same_kind,
+    check_width_and_length,
+    positive_int,
+    require_tensor,
+    shape_str,
+)
 
 
 def _check_inputs(q, k, v, mask, block_q, block_k) -> tuple[int, int]:
     """Raise a clear error for bad q, k, v, mask or block sizes; return the block sizes as ints."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        require_tensor(t, name, floating=True)
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have shape (B, H, L, D) with 4 dimensions, got {shape_str(t.shape)}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
-    if k.device != q.device or v.device != q.device:
-        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device} and {v.device}")
+        require_tensor(t, name, floating=True, dim=4, what="(B, H, L, D) with 4 dimensions")
+    check_same_kind("q, k and v", q, k, v)
     if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
         raise ValueError(
             "q (B, H, T, D), k (B, H, S, D) and v (B, H, S, D) must agree on B and H: got "
             f"{shape_str(q.shape)}, {shape_str(k.shape)}, {shape_str(v.shape)}"
         )
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q and k must have the same width D: q is {shape_str(q.shape)} (D={q.shape[-1]}), "
-            f"k is {shape_str(k.shape)} (D={k.shape[-1]})"
-        )
-    if k.shape[2] != v.shape[2]:
-        raise ValueError(f"k and v must have the same length S: k is {shape_str(k.shape)}, v is {shape_str(v.shape)}")
+    check_width_and_length(q, k, v)
     if q.shape[2] == 0 or k.shape[2] == 0 or q.shape[-1] == 0:
         raise ValueError(f"T, S and D must be at least 1, got q {shape_str(q.shape)} and k {shape_str(k.shape)}")
     block_q, block_k = positive_int(block_q, "block_q"), positive_int(block_k, "block_k")
     if mask is not None:
         B, H, T, _ = q.shape
-        check_bool_mask(mask, (B, H, T, k.shape[2]), "(B, H, T, S)")
-        if mask.device != q.device:
-            raise ValueError(f"mask is on {mask.device} but q is on {q.device}")
+        check_bool_mask(mask, (B, H, T, k.shape[2]), "(B, H, T, S)", device=q.device)
     return block_q, block_k
 
 
@@ -233,9 +227,7 @@ def _triton_setup(q, k, v, causal, block_q, block_k, num_warps) -> tuple[int, in
     T, D, S = q.shape[2], q.shape[3], k.shape[2]
     if v.shape[-1] != D:
         raise ValueError(f"the Triton kernel needs v as wide as q: q is {shape_str(q.shape)}, v {shape_str(v.shape)}")
-    if D < 16 or D & (D - 1):
-        raise ValueError(f"the Triton kernel needs D to be a power of two >= 16 (tl.dot tiles), got D={D}")
-    for name, n in (("block_q", block_q), ("block_k", block_k)):
+    for name, n in (("D", D), ("block_q", block_q), ("block_k", block_k)):  # tl.dot works on such tiles
         if n < 16 or n & (n - 1):
             raise ValueError(f"{name} must be a power of two >= 16 for the Triton kernel, got {n}")
     if causal and T != S:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from helpers._validate import as_int, check_ids, positive_int, probability
+from helpers._validate import as_int, check_heads, check_ids, positive_int, probability, require_bool, require_type
 from helpers.attention import MultiHeadAttention
 from helpers.decoding import filter_logits, generate  # noqa: F401 (filter_logits: lesson 12 imports it here)
 from helpers.layers import FeedForward
@@ -46,19 +46,13 @@ class GPTConfig:
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
             object.__setattr__(self, name, positive_int(getattr(self, name), name))  # numpy ints become ints
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: each head gets "
-                             f"d_model / n_heads = {self.d_model / self.n_heads:g} features, which must be whole")
         if self.n_kv_heads is not None:
             kv = positive_int(self.n_kv_heads, "n_kv_heads")  # numpy ints become ints
-            if self.n_heads % kv:
-                raise ValueError(f"n_kv_heads must be None or a positive divisor of n_heads={self.n_heads}, got {kv!r}")
             object.__setattr__(self, "n_kv_heads", kv)
+        check_heads(self.d_model, self.n_heads, self.n_kv_heads)
         probability(self.dropout, "dropout")
-        if not isinstance(self.tie_weights, bool):
-            raise TypeError(f"tie_weights must be True or False, got {self.tie_weights!r}")
-        if not isinstance(self.special_ids, (tuple, list)):
-            raise TypeError(f"special_ids must be a tuple of token ids, got {type(self.special_ids).__name__}")
+        require_bool(self.tie_weights, "tie_weights")
+        require_type(self.special_ids, "special_ids", (tuple, list), "a tuple of token ids")
         special = tuple(sorted({as_int(i, "each of special_ids (a token id)", minimum=0,
                                        maximum=self.vocab_size - 1) for i in self.special_ids}))
         if len(special) == self.vocab_size:
@@ -113,8 +107,7 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        if not isinstance(config, GPTConfig):
-            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        require_type(config, "config", GPTConfig, "a GPTConfig")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.pos = LearnedPositionalEmbedding(config.max_len, config.d_model)
@@ -187,10 +180,7 @@ def load_course_gpt(device=None):
     from helpers.data import DataFileError, Vocab, check_sha256, find_data_dir
 
     path = find_data_dir() / CHECKPOINT
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint {path}: restore it from the repository or rebuild it with "
-                                "`make train-gpt`")
-    check_sha256(path)
+    check_sha256(path)  # the file is there and is the committed one
     saved = torch.load(path, map_location="cpu", weights_only=True)
     if set(saved) != {"config", "state_dict", "symbols"}:
         raise DataFileError(f"{path} does not hold a course GPT checkpoint (keys {sorted(saved)})")

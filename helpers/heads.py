@@ -10,6 +10,7 @@ forward hooks on the existing modules, so the models themselves are unchanged.
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import as_int, positive_ints, require_tensor, shape_str
+from helpers._validate import as_int, check_heads, check_ids, positive_ints, require_choice, require_real, shape_str
 from helpers.attention import MultiHeadAttention
 from helpers.masks import causal_mask
 from helpers.positional import LearnedPositionalEmbedding
@@ -43,10 +44,9 @@ class AttentionOnlyConfig:
     def __post_init__(self):
         positive_ints(vocab_size=self.vocab_size, d_model=self.d_model, n_heads=self.n_heads,
                       n_layers=self.n_layers, max_len=self.max_len)
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        if self.init_std is not None and not self.init_std > 0:
-            raise ValueError(f"init_std must be positive or None, got {self.init_std}")
+        check_heads(self.d_model, self.n_heads)
+        if self.init_std is not None:
+            require_real(self.init_std, "init_std", 0, math.inf, "(]", "None or a positive number")
 
     @classmethod
     def tiny(cls, vocab_size: int = 8, n_layers: int = 2) -> AttentionOnlyConfig:
@@ -78,9 +78,7 @@ class AttentionOnly(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) -> logits (B, T, V) (lesson 13)."""
-        require_tensor(ids, "ids", dim=2, what="(B, T) token ids")
-        if ids.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"ids must hold integer token ids, got dtype {ids.dtype}")
+        check_ids(ids, "ids", self.config.vocab_size, self.config.max_len, self.embed.weight.device)
         B, T = ids.shape
         mask = causal_mask(T, device=ids.device)  # (T, T), True = may attend
         x = self.pos(self.embed(ids))  # (B, T, C)
@@ -99,10 +97,8 @@ def repeated_tokens(batch: int, length: int, vocab_size: int, min_period: int, m
     """
     batch, length, vocab_size = positive_ints(batch=batch, length=length, vocab_size=vocab_size)
     min_period = as_int(min_period, "min_period", minimum=1)
-    max_period = as_int(max_period, "max_period", minimum=min_period)
-    if max_period > vocab_size or max_period >= length:
-        raise ValueError(f"max_period={max_period} must be at most vocab_size={vocab_size} (distinct tokens) "
-                         f"and below length={length} (so that the block repeats)")
+    max_period = as_int(max_period, f"max_period (at most vocab_size={vocab_size}: distinct tokens; below "
+                                    f"length={length}: the block repeats)", min_period, min(vocab_size, length - 1))
     periods = torch.randint(min_period, max_period + 1, (batch,), generator=generator)  # (B,)
     blocks = torch.rand(batch, vocab_size, generator=generator).argsort(dim=-1)  # (B, V): random orders
     t = torch.arange(length)  # (T,)
@@ -142,10 +138,7 @@ def induction_score(weights: torch.Tensor, period: int) -> torch.Tensor:
     """
     w = _as_bhtt(weights, "induction_score")
     T = w.shape[-1]
-    period = as_int(period, "period", minimum=1)
-    if period >= T:
-        raise ValueError(f"period={period} leaves no repeated query: it must be below T={T} "
-                         f"(weights {shape_str(weights.shape)})")
+    period = as_int(period, f"period (below T={T}, so that a query repeats)", 1, T - 1)
     # key i - period + 1 for query i: the diagonal period - 1 below the main one, from query `period` on
     return w.diagonal(offset=-(period - 1), dim1=-2, dim2=-1)[..., 1:].mean(dim=(0, 2))  # (H,)
 
@@ -181,8 +174,7 @@ def probe_heads(model: nn.Module, ablate=(), mode: str = "zero"):
     order. A silenced head's output (its D columns of the input to W_O) is replaced by zeros
     (``mode="zero"``) or by its mean over the batch and positions (``mode="mean"``).
     """
-    if mode not in ("zero", "mean"):
-        raise ValueError(f"mode must be 'zero' or 'mean', got {mode!r}")
+    require_choice(mode, "mode", ("zero", "mean"))
     modules = attention_modules(model)
     chosen = _check_heads(ablate, modules)
     records: list[torch.Tensor] = []

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import positive_ints, probability, require_tensor
+from helpers._validate import positive_ints, probability, require_bool, require_choice, require_tensor
 
 # The feed-forward activations a config may name; "gelu" is the exact erf form, not the tanh approximation.
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
@@ -18,8 +18,7 @@ ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 def check_activation(activation) -> str:
     """Raise a clear error unless ``activation`` names one of ``ACTIVATIONS`` (lesson 07)."""
-    if not isinstance(activation, str) or activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    require_choice(activation, "activation", sorted(ACTIVATIONS))
     return activation
 
 
@@ -57,8 +56,7 @@ class Residual:
     """
 
     def __init__(self, dropout: nn.Module, norm_first: bool = True):
-        if not isinstance(norm_first, bool):
-            raise TypeError(f"norm_first must be True (Pre-LN) or False (Post-LN), got {norm_first!r}")
+        require_bool(norm_first, "norm_first", "True (Pre-LN) or False (Post-LN)")
         self.dropout, self.norm_first = dropout, norm_first
 
     def __call__(self, x: torch.Tensor, sublayer, norm: nn.Module) -> torch.Tensor:

@@ -15,7 +15,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from helpers._validate import positive_int, shape_str
+from helpers._validate import as_int, positive_int, require_real, shape_str
 
 LOG_FILE = "gpt_shakespeare_log.json"  # the training log of the course's checkpoint, in data/
 
@@ -96,10 +96,9 @@ def bits_per_char(model, ids: torch.Tensor, block: int | None = None, batch_size
     the tokens before it in its own window.
     """
     V, max_len = model.config.vocab_size, model.config.max_len
-    block = max_len if block is None else positive_int(block, "block")
+    block = max_len if block is None else block
+    block = as_int(block, f"block (at most the model's context max_len={max_len})", 1, max_len)
     batch_size = positive_int(batch_size, "batch_size")
-    if block > max_len:
-        raise ValueError(f"block={block} is longer than the model's context max_len={max_len}")
     ids = _ids(ids, "ids", V)
     n = (ids.numel() - 1) // block * block  # tokens predicted by whole windows
     total, count = 0.0, 0
@@ -124,11 +123,8 @@ def ngram_bits_per_char(train_ids: torch.Tensor, eval_ids: torch.Tensor, vocab_s
     they have (the first position scored uses the character before it).
     """
     V = positive_int(vocab_size, "vocab_size")
-    order = positive_int(order, "order")
-    if order > 3:
-        raise ValueError(f"order must be 1 (unigram), 2 (bigram) or 3 (trigram), got {order}")
-    if isinstance(k, bool) or not isinstance(k, (int, float)) or not (k > 0 and math.isfinite(k)):
-        raise ValueError(f"k must be a positive finite number (add-k smoothing), got {k!r}")
+    order = as_int(order, "order (1 unigram, 2 bigram, 3 trigram)", 1, 3)
+    k = require_real(k, "k", 0, math.inf, "()", "a positive finite number", " (add-k smoothing)")
     train_ids, eval_ids = _ids(train_ids, "train_ids", V), _ids(eval_ids, "eval_ids", V)
     bits = torch.empty(eval_ids.numel() - 1, dtype=torch.float64)  # one per predicted position 1..N-1
     N = eval_ids.numel()
@@ -245,8 +241,5 @@ def load_training_log(data_dir=None) -> dict:
     from helpers.data import check_sha256, find_data_dir
 
     path = (find_data_dir() if data_dir is None else Path(data_dir)) / LOG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no training log {path}: restore it from the repository or rebuild it with "
-                                "`make train-gpt`")
-    check_sha256(path)
+    check_sha256(path)  # the file is there and is the committed one
     return json.loads(path.read_text("utf-8"))

@@ -8,7 +8,15 @@ import numbers
 import torch
 from torch import nn
 
-from helpers._validate import as_int, check_positions, positive_int, positive_ints, probability, require_tensor
+from helpers._validate import (
+    as_int,
+    positive_int,
+    positive_ints,
+    probability,
+    require_real,
+    require_tensor,
+    shape_str,
+)
 
 
 def sinusoidal_encoding(length: int, d_model: int) -> torch.Tensor:
@@ -31,6 +39,15 @@ def wavelengths(d_model: int) -> torch.Tensor:
     d_model = positive_int(d_model, "d_model")
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
     return 2 * math.pi * 10000.0 ** (two_i / d_model)
+
+
+def _check_offset(offset, T: int, max_len: int, table: str) -> int:
+    """``offset`` as an int >= 0 such that positions offset .. offset + T - 1 have rows in a max_len-row ``table``."""
+    offset = as_int(offset, "offset", minimum=0)
+    if offset + T > max_len:
+        raise ValueError(f"positions {offset}..{offset + T - 1} exceed max_len={max_len}: {table} has no row "
+                         f"for a position >= {max_len}; build it with a larger max_len")
+    return offset
 
 
 class PositionalEncoding(nn.Module):
@@ -56,10 +73,7 @@ class PositionalEncoding(nn.Module):
                 and offset.dtype in (torch.int64, torch.int32):
             rows = self.pe.index_select(0, offset.reshape(()) + torch.arange(T, device=x.device))  # (T, C)
             return self.dropout(x + rows.to(x.dtype))  # (B, T, C)
-        offset = as_int(offset, "offset", minimum=0)
-        if offset + T > self.max_len:
-            raise ValueError(f"positions {offset}..{offset + T - 1} exceed max_len={self.max_len}; "
-                             "build the model with a larger max_len")
+        offset = _check_offset(offset, T, self.max_len, "the sinusoidal table")
         return self.dropout(x + self.pe[offset:offset + T].to(x.dtype))  # (B, T, C)
 
 
@@ -79,12 +93,8 @@ class LearnedPositionalEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """x (B, T, C) -> x + table[offset : offset + T]; ``offset`` serves step-by-step decoding."""
         require_tensor(x, "x", floating=True, dim=3, last=self.d_model, what=f"(B, T, d_model={self.d_model})")
-        T, offset = x.shape[1], as_int(offset, "offset", minimum=0)
-        if offset + T > self.max_len:
-            raise ValueError(
-                f"positions {offset}..{offset + T - 1} exceed max_len={self.max_len}: a learned table has "
-                f"no row for a position >= {self.max_len}; build it with a larger max_len"
-            )
+        T = x.shape[1]
+        offset = _check_offset(offset, T, self.max_len, "a learned table")
         positions = torch.arange(offset, offset + T, device=x.device)  # (T,)
         return x + self.table(positions).to(x.dtype)  # (B, T, C) + (T, C) -> (B, T, C)
 
@@ -96,8 +106,7 @@ def rotary_angles(positions, dim: int, base: float = 10000.0) -> torch.Tensor:
     """
     if positive_int(dim, "dim") % 2:
         raise ValueError(f"dim must be a positive even int (features rotate in pairs), got {dim!r}")
-    if isinstance(base, bool) or not isinstance(base, numbers.Real) or not base > 0:
-        raise ValueError(f"base must be a positive number, got {base!r}")
+    require_real(base, "base", 0, math.inf, "(]", "a positive number")
     if isinstance(positions, numbers.Integral) and not isinstance(positions, bool):
         positions = torch.arange(positive_int(positions, "positions (a count)"))
     pos = torch.as_tensor(positions)
@@ -109,13 +118,41 @@ def rotary_angles(positions, dim: int, base: float = 10000.0) -> torch.Tensor:
     return pos[..., None] * theta  # (..., T, 1) * (dim/2,) -> (..., T, dim/2)
 
 
+def _check_positions(x, positions) -> torch.Tensor:
+    """Check x (..., T, D) with D even and return ``positions`` (default 0..T-1) as a tensor that has
+    one position per row of x and broadcasts to x.shape[:-1] (for rotary embeddings)."""
+    require_tensor(x, "x", floating=True, min_dim=2)
+    T, D = x.shape[-2], x.shape[-1]
+    if D % 2:
+        raise ValueError(
+            f"rotary embeddings rotate pairs of features, so the last dimension D of x must be even; "
+            f"got x of shape {shape_str(x.shape)} (D={D})"
+        )
+    pos = torch.arange(T, device=x.device) if positions is None else torch.as_tensor(positions, device=x.device)
+    if pos.dim() == 0 or pos.shape[-1] != T:
+        raise ValueError(
+            f"positions must hold one position per row of x: x is {shape_str(x.shape)} (T={T}), "
+            f"positions is {shape_str(pos.shape)}"
+        )
+    try:
+        fits = torch.broadcast_shapes(pos.shape, x.shape[:-1]) == x.shape[:-1]
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"positions of shape {shape_str(pos.shape)} do not broadcast to x.shape[:-1] = "
+            f"{shape_str(x.shape[:-1])}"
+        )
+    return pos
+
+
 def apply_rotary(x: torch.Tensor, positions=None, base: float = 10000.0) -> torch.Tensor:
     """Rotary position embedding (RoPE, Su et al. 2021) of x (..., T, D), D even (lesson 06).
 
     Feature pair (2i, 2i+1) at position p is rotated by the angle p * base^(-2i/D); ``positions``
     (default 0..T-1) is a sequence of T positions or a tensor broadcastable to x.shape[:-1].
     """
-    pos = check_positions(x, positions)  # (..., T), broadcastable to x.shape[:-1]
+    pos = _check_positions(x, positions)  # (..., T), broadcastable to x.shape[:-1]
     D = x.shape[-1]
     angles = rotary_angles(pos, D, base)  # (..., T, D/2), float64 so that large positions stay exact
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (..., T, D/2)

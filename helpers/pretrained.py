@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers._validate import TOKEN_ID_DTYPES, as_int, positive_int, shape_str
+from helpers._validate import as_int, check_ids, positive_int, require_type, shape_str
 from helpers.positional import LearnedPositionalEmbedding
 from helpers.transformer import EncoderLayer, TransformerConfig
 
@@ -230,8 +230,7 @@ class WordPieceTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """[CLS] + the ids of ``text``'s tokens + [SEP], cut to at most ``max_len`` ids (lesson 11)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        require_type(text, "text", str, "a str")
         ids = [self.vocab[t] for t in self.tokenize(text)][: self.max_len - 2]
         return [self.cls_id, *ids, self.sep_id]
 
@@ -310,18 +309,7 @@ class MiniLM(nn.Module):
         return (x, weights) if need_weights else x
 
     def _check(self, ids, mask) -> None:
-        if not isinstance(ids, torch.Tensor) or ids.dtype not in TOKEN_ID_DTYPES or ids.dim() != 2:
-            got = f"{ids.dtype} {shape_str(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
-            raise TypeError(f"ids must be an integer tensor of shape (B, L), got {got}")
-        if ids.shape[0] == 0 or ids.shape[1] == 0:
-            raise ValueError(f"ids must hold at least one sequence of at least one token ([CLS]), "
-                             f"got shape {shape_str(ids.shape)}")
-        if ids.shape[1] > self.config.max_len:
-            raise ValueError(f"ids has length {ids.shape[1]}, longer than the {self.config.max_len} "
-                             "learned positions")
-        if ids.numel() and (ids.min() < 0 or ids.max() >= self.config.src_vocab_size):
-            raise ValueError(f"ids must lie in [0, {self.config.src_vocab_size}), got values from "
-                             f"{ids.min().item()} to {ids.max().item()}")
+        check_ids(ids, "ids", self.config.src_vocab_size, self.config.max_len, self.embed.weight.device)
         if mask is not None:
             if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != ids.shape:
                 got = f"{mask.dtype} {shape_str(mask.shape)}" if isinstance(mask, torch.Tensor) \

@@ -16,19 +16,17 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from helpers._validate import as_int, check_id_dtype, positive_int, positive_ints, require_tensor, shape_str
+from helpers._validate import (
+    as_int,
+    check_ids,
+    positive_int,
+    positive_ints,
+    require_choice,
+    require_tensor,
+    shape_str,
+)
 from helpers.attention import AdditiveAttention
 from helpers.masks import padding_mask_from_ids
-
-
-def _require_ids(x, name: str, vocab_size: int) -> None:
-    require_tensor(x, name)
-    check_id_dtype(x, name)
-    if x.dim() != 2:
-        raise ValueError(f"{name} must be a (B, L) tensor of token ids, got shape {shape_str(x.shape)}")
-    if x.numel() and (x.min() < 0 or x.max() >= vocab_size):
-        raise ValueError(f"{name} holds ids in [{int(x.min())}, {int(x.max())}] but the vocabulary has "
-                         f"{vocab_size} tokens (ids 0..{vocab_size - 1})")
 
 
 def source_mask(src: torch.Tensor, pad_id: int = 0) -> torch.Tensor:
@@ -45,15 +43,6 @@ def source_mask(src: torch.Tensor, pad_id: int = 0) -> torch.Tensor:
     return mask
 
 
-def _token_id(value, name: str, vocab_size: int) -> int:
-    """``value`` as an id of a vocabulary of ``vocab_size`` tokens, 0..vocab_size-1, or a ValueError naming it."""
-    value = as_int(value, name, minimum=None)
-    if not 0 <= value < vocab_size:
-        raise ValueError(f"{name}={value} is not a token id of the vocabulary of {vocab_size} tokens "
-                         f"(ids 0..{vocab_size - 1})")
-    return value
-
-
 class Encoder(nn.Module):
     """GRU encoder: token ids (B, S) -> states (B, S, E) and a summary (B, E), E = hidden * directions (lesson 01)."""
 
@@ -61,14 +50,15 @@ class Encoder(nn.Module):
                  pad_id: int = 0):
         super().__init__()
         vocab_size, emb_dim, hidden_dim = positive_ints(vocab_size=vocab_size, emb_dim=emb_dim, hidden_dim=hidden_dim)
-        self.vocab_size, self.pad_id = vocab_size, _token_id(pad_id, "pad_id", vocab_size)
+        self.vocab_size = vocab_size
+        self.pad_id = as_int(pad_id, "pad_id (a token id)", 0, vocab_size - 1)
         self.out_dim = hidden_dim * (2 if bidirectional else 1)
         self.embed = nn.Embedding(vocab_size, emb_dim, padding_idx=pad_id)
         self.gru = nn.GRU(emb_dim, hidden_dim, batch_first=True, bidirectional=bidirectional)
 
     def forward(self, src: torch.Tensor):
         """src (B, S) ids -> (states (B, S, E), zero at padding; final (B, E): last state of each direction)."""
-        _require_ids(src, "src", self.vocab_size)
+        check_ids(src, "src", self.vocab_size, device=self.embed.weight.device)
         B, S = src.shape
         lengths = source_mask(src, self.pad_id).sum(dim=1)  # (B,)
         # Packing makes each row stop at its own length, so padding never enters the recurrence
@@ -98,7 +88,7 @@ class Decoder(nn.Module):
 
     def start(self, states, final, mask, values=None):
         """Decoder memory from the encoder: (state s_0 (B, hidden), context c (B, E)); states are not used."""
-        _check_final(final, self.context_dim)
+        require_tensor(final, "final", floating=True, dim=2, last=self.context_dim, what=f"(B, E={self.context_dim})")
         return torch.tanh(self.init_state(final)), final
 
     def forward(self, tgt_in: torch.Tensor, memory):
@@ -137,7 +127,7 @@ class AttentionDecoder(nn.Module):
 
     def start(self, states, final, mask, values=None):
         """Decoder memory from the encoder: (s_0, W_k h_j, values, mask); values default to the states."""
-        _check_final(final, self.context_dim)
+        require_tensor(final, "final", floating=True, dim=2, last=self.context_dim, what=f"(B, E={self.context_dim})")
         values = states if values is None else values
         if values.shape[:2] != states.shape[:2] or values.shape[-1] != self.value_dim:
             raise ValueError(f"values must be (B, S, {self.value_dim}) for states {shape_str(states.shape)}, "
@@ -177,12 +167,6 @@ class AttentionDecoder(nn.Module):
         return logits, (s, *memory[1:]), torch.stack(weights, dim=1)  # (B, T, V), memory, (B, T, S)
 
 
-def _check_final(final, context_dim: int) -> None:
-    require_tensor(final, "final", floating=True)
-    if final.dim() != 2 or final.shape[-1] != context_dim:
-        raise ValueError(f"final must be (B, E={context_dim}), got {shape_str(final.shape)}")
-
-
 class Seq2Seq(nn.Module):
     """Encoder + decoder: teacher-forced ``forward`` and ``greedy_decode`` with attention weights (lesson 01).
 
@@ -193,8 +177,7 @@ class Seq2Seq(nn.Module):
     def __init__(self, encoder: Encoder, decoder: nn.Module, read: str = "states", bos_id: int = 1,
                  eos_id: int = 2):
         super().__init__()
-        if read not in ("states", "embeddings"):
-            raise ValueError(f"read must be 'states' or 'embeddings', got {read!r}")
+        require_choice(read, "read", ("states", "embeddings"))
         if decoder.context_dim != encoder.out_dim:
             raise ValueError(f"the decoder expects encoder states of width {decoder.context_dim}, but the "
                              f"encoder gives {encoder.out_dim}")
@@ -211,8 +194,8 @@ class Seq2Seq(nn.Module):
                              f"got value_dim={decoder.value_dim}")
         self.encoder, self.decoder, self.read = encoder, decoder, read
         self.pad_id = encoder.pad_id
-        self.bos_id = _token_id(bos_id, "bos_id", decoder.vocab_size)  # fed to the decoder: target ids
-        self.eos_id = _token_id(eos_id, "eos_id", decoder.vocab_size)
+        self.bos_id = as_int(bos_id, "bos_id (a target token id)", 0, decoder.vocab_size - 1)  # fed to the decoder
+        self.eos_id = as_int(eos_id, "eos_id (a target token id)", 0, decoder.vocab_size - 1)
 
     def start(self, src: torch.Tensor):
         """Encode src (B, S) and return the decoder's initial memory."""
@@ -223,12 +206,10 @@ class Seq2Seq(nn.Module):
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor):
         """src (B, S), tgt_in (B, T) = <s> + target[:-1] -> (logits (B, T, V), weights (B, T, S) or None)."""
-        _require_ids(src, "src", self.encoder.vocab_size)
-        _require_ids(tgt_in, "tgt_in", self.decoder.vocab_size)
+        check_ids(src, "src", self.encoder.vocab_size, device=self.encoder.embed.weight.device)
+        check_ids(tgt_in, "tgt_in", self.decoder.vocab_size, device=self.decoder.embed.weight.device)  # refuses T = 0
         if tgt_in.shape[0] != src.shape[0]:
             raise ValueError(f"src {shape_str(src.shape)} and tgt_in {shape_str(tgt_in.shape)} disagree on B")
-        if tgt_in.shape[1] == 0:
-            raise ValueError(f"tgt_in {shape_str(tgt_in.shape)} has no steps: teacher forcing needs T >= 1")
         logits, _, weights = self.decoder(tgt_in, self.start(src))
         return logits, weights
 

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 
 import torch
 
+from helpers._validate import require_choice
+
 # --- choosing a kernel of F.scaled_dot_product_attention -------------------------------------------
 
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
@@ -29,8 +31,7 @@ def sdpa_backend(name: str):
 
     names = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
              "math": "MATH"}
-    if name not in names:
-        raise ValueError(f"backend must be one of {SDPA_BACKENDS}, got {name!r}")
+    require_choice(name, "backend", SDPA_BACKENDS)
     backend = getattr(SDPBackend, names[name], None)
     if backend is None:
         raise ValueError(f"backend {name!r} needs a newer torch than {torch.__version__}")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 
-from helpers._validate import positive_int, require_tensor
+from helpers._validate import positive_int, require_real, require_tensor
 from helpers.device import SMALL_MODEL_THREADS, cpu_threads
 
 
@@ -36,9 +37,8 @@ def train(loss_fn, optimizer, get_batch, steps: int, desc: str = "training",
     None keeps torch's setting. Returns one float per step.
     """
     steps, log_every = positive_int(steps, "steps"), positive_int(log_every, "log_every")
-    if clip_grad_norm is not None and (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, (int, float))
-                                       or not clip_grad_norm > 0):
-        raise ValueError(f"clip_grad_norm must be a positive number or None, got {clip_grad_norm!r}")
+    if clip_grad_norm is not None:
+        require_real(clip_grad_norm, "clip_grad_norm", 0, math.inf, "(]", "None or a positive number")
     params = [p for group in optimizer.param_groups for p in group["params"]]
     history: list[float] = []
     with cpu_threads(threads) if threads is not None else nullcontext(), _progress(steps, desc) as bar:

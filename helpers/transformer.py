@@ -18,12 +18,14 @@ from torch import nn
 
 from helpers._validate import (
     as_int,
-    as_real,
     check_heads,
     check_ids,
     positive_int,
     probability,
+    require_bool,
+    require_real,
     require_tensor,
+    require_type,
     shape_str,
 )
 from helpers.attention import MultiHeadAttention
@@ -69,12 +71,9 @@ class TransformerConfig:
         smallest = min(self.src_vocab_size, self.tgt_vocab_size)
         object.__setattr__(self, "pad_id", as_int(self.pad_id, "pad_id (a token id of both vocabularies)",
                                                   minimum=0, maximum=smallest - 1))
-        if not isinstance(self.norm_first, bool):
-            raise TypeError(f"norm_first must be True (Pre-LN) or False (Post-LN), got {self.norm_first!r}")
+        require_bool(self.norm_first, "norm_first", "True (Pre-LN) or False (Post-LN)")
         check_activation(self.activation)
-        eps = self.layer_norm_eps
-        if as_real(eps) is None or not 0.0 < eps < 1.0:
-            raise ValueError(f"layer_norm_eps must be a small positive number in (0, 1), got {eps!r}")
+        require_real(self.layer_norm_eps, "layer_norm_eps", 0, 1, "()", "a small positive number")
 
     @property
     def head_dim(self) -> int:
@@ -361,9 +360,7 @@ class Transformer(nn.Module):
         """
         if max_len is None:
             return DecoderCache(memory, src_mask)
-        max_len = positive_int(max_len, "max_len")
-        if max_len > self.config.max_len:
-            raise ValueError(f"max_len={max_len} exceeds the model's max_len={self.config.max_len}")
+        max_len = as_int(max_len, "max_len (at most the model's max_len)", 1, self.config.max_len)
         require_tensor(memory, "memory", floating=True, dim=3, last=self.config.d_model,
                        what=f"(B, S, C={self.config.d_model})")
         B, S, _ = memory.shape
@@ -388,8 +385,7 @@ class Transformer(nn.Module):
             _check_memory(memory, tgt, self.config.d_model)
         if cache is None:
             return self.decode_step(tgt, DecoderCache(memory, src_mask))
-        if not isinstance(cache, DecoderCache):
-            raise TypeError(f"cache must be a DecoderCache (from model.new_decode_cache), got {type(cache).__name__}")
+        require_type(cache, "cache", DecoderCache, "a DecoderCache (from model.new_decode_cache)")
         if cache.keep is not None and cache.keep.shape[0] != tgt.shape[0]:
             raise ValueError(f"the cache was made for a batch of {cache.keep.shape[0]}, tgt is "
                              f"{shape_str(tgt.shape)}")
@@ -410,10 +406,9 @@ class Transformer(nn.Module):
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         """src (B, S), tgt (B, T) token ids -> logits (B, T, V) for the token after each target position."""
-        check_ids(src, "src", self.config.src_vocab_size, self.config.max_len, self.encoder.embed.weight.device)
+        memory, src_mask = self.encode(src)  # (B, S, C), (B, 1, 1, S); encode checks src
         check_ids(tgt, "tgt", self.config.tgt_vocab_size, self.config.max_len, self.decoder.embed.weight.device)
         if src.shape[0] != tgt.shape[0]:
             raise ValueError(f"src {shape_str(src.shape)} and tgt {shape_str(tgt.shape)} "
                              "must have the same batch size B")
-        memory, src_mask = self.encode(src)  # (B, S, C), (B, 1, 1, S)
         return self.decode_step(tgt, DecoderCache(memory, src_mask))  # (B, T, V): the ids are checked above

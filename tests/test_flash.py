@@ -148,7 +148,7 @@ def test_bad_input_gets_a_clear_error():
         flash_attention(q, k, v, mask=torch.ones(5, 5, dtype=torch.bool))
     with pytest.raises(TypeError, match=r"mask must be boolean.*torch.float32"):
         flash_attention(q, k, v, mask=torch.ones(5, 6))
-    with pytest.raises(TypeError, match=r"share one dtype"):
+    with pytest.raises(TypeError, match=r"q, k and v must have the same dtype"):
         flash_attention(q.float(), k, v)
     with pytest.raises(TypeError, match=r"q must be a torch.Tensor, got ndarray"):
         flash_attention(q.numpy(), k, v)
@@ -383,7 +383,7 @@ def test_triton_kernel_equals_sdpa_on_a_gpu():
 def test_triton_wrapper_rejects_what_the_kernel_cannot_do(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     q = tensor(0, 1, 1, 32, 16, dtype=torch.float16)
-    with pytest.raises(ValueError, match=r"D to be a power of two >= 16.*D=12"):
+    with pytest.raises(ValueError, match=r"D must be a power of two >= 16 for the Triton kernel, got 12"):
         triton_flash_attention(q[..., :12], q[..., :12], q[..., :12])
     with pytest.raises(ValueError, match=r"block_k must be a power of two >= 16.*got 24"):
         triton_flash_attention(q, q, q, block_k=24)

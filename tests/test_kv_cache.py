@@ -214,7 +214,8 @@ def test_cached_decode_checks_its_cache():
             model.decode(tgt[:1], None, src_mask, cache=cache)
         with pytest.raises(ValueError, match=r"max_len=4 positions and 0 are stored: 8 more do not fit"):
             model.decode(tgt, None, src_mask, cache=cache)
-        with pytest.raises(ValueError, match=r"max_len=100 exceeds the model's max_len=64"):
+        with pytest.raises(ValueError, match=r"max_len \(at most the model's max_len\) must be an int in "
+                                             r"\[1, 64\], got 100"):
             model.new_decode_cache(memory, 100)
 
 

@@ -155,7 +155,7 @@ def test_apply_rotary_errors_name_the_problem():
         apply_rotary(torch.randn(8))
     with pytest.raises(TypeError, match=r"x must be a torch.Tensor, got list"):
         apply_rotary([[1.0, 2.0]])
-    with pytest.raises(ValueError, match=r"base must be a positive number, got -1.0"):
+    with pytest.raises(ValueError, match=r"base must be a positive number in \(0, inf\], got -1.0"):
         apply_rotary(torch.randn(3, 4), base=-1.0)
     with pytest.raises(ValueError, match=r"dim must be a positive even int .* got 5"):
         rotary_angles(4, 5)

@@ -274,20 +274,21 @@ def test_errors_name_the_bad_input():
     with pytest.raises(TypeError, match=r"^src must hold integer token ids of dtype torch.int64 \(torch.long\) or "
                                         r"torch.int32, the ones nn.Embedding takes, got dtype torch.float32$"):
         model(src.float(), tgt_in)
-    with pytest.raises(ValueError, match=r"src must be a \(B, L\) tensor of token ids, got shape \(3,?\)"):
+    with pytest.raises(ValueError, match=r"src must have shape \(B, L\) \(a batch of id sequences\), got \(3,?\)"):
         model(src[0], tgt_in)
-    with pytest.raises(TypeError, match="src must be a torch.Tensor, got list"):
+    with pytest.raises(TypeError, match="src must be a torch.Tensor of token ids, got list"):
         model([[3, 4]], tgt_in)
-    with pytest.raises(ValueError, match=rf"src holds ids in \[0, {V}\] but the vocabulary has {V} tokens"):
+    with pytest.raises(ValueError, match=rf"src holds token id {V} at position \(0, 1\), outside the vocabulary of "
+                                         rf"size {V} \(valid ids are 0..{V - 1}\)"):
         model(torch.tensor([[3, V], [4, 0]]), tgt_in)
-    with pytest.raises(ValueError, match=r"tgt_in holds ids in \[-1, "):
+    with pytest.raises(ValueError, match=r"tgt_in holds token id -\d+ at position \(\d+, \d+\), outside"):
         model(src, tgt_in - 2)
     with pytest.raises(ValueError, match=r"src \(2, 3\) and tgt_in \(1, 3\) disagree on B"):
         model(src, tgt_in[:1])
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="max_len must be a positive int"):
             model.greedy_decode(src, bad)
-    with pytest.raises(ValueError, match=r"tgt_in \(2, 0\) has no steps: teacher forcing needs T >= 1"):
+    with pytest.raises(ValueError, match=r"tgt_in must hold at least one sequence of at least one token, got \(2, 0\)"):
         model(src, tgt_in[:, :0])
 
 
@@ -307,16 +308,15 @@ def test_ids_narrower_than_int32_are_refused(dtype):
 
 def test_special_ids_must_be_in_the_vocabulary():
     for pad in (-1, V, 2.0):
-        with pytest.raises(ValueError, match=rf"pad_id={pad}|pad_id must be an int, got {pad}"):
+        with pytest.raises(ValueError, match=rf"^pad_id \(a token id\) must be an int in \[0, {V - 1}\], got {pad}$"):
             Encoder(V, EMB, HID, pad_id=pad)
-    with pytest.raises(ValueError, match=rf"pad_id=-1 is not a token id of the vocabulary of {V} tokens "
-                                         rf"\(ids 0..{V - 1}\)"):
+    with pytest.raises(ValueError, match=rf"pad_id \(a token id\) must be an int in \[0, {V - 1}\], got -1"):
         Encoder(V, EMB, HID, pad_id=-1)  # not nn.Embedding's padding_idx=-1, the last row
     enc = Encoder(V, EMB, HID, bidirectional=True)
     dec = AttentionDecoder(11, EMB, 7, 2 * HID, 4)  # a target vocabulary of 11 tokens
-    with pytest.raises(ValueError, match=r"bos_id=11 is not a token id of the vocabulary of 11 tokens"):
+    with pytest.raises(ValueError, match=r"bos_id \(a target token id\) must be an int in \[0, 10\], got 11"):
         Seq2Seq(enc, dec, bos_id=11)
-    with pytest.raises(ValueError, match=r"eos_id=-2 is not a token id"):
+    with pytest.raises(ValueError, match=r"eos_id \(a target token id\) must be an int in \[0, 10\], got -2"):
         Seq2Seq(enc, dec, eos_id=-2)
     assert Encoder(V, EMB, HID, pad_id=V - 1).embed.padding_idx == V - 1
     model = Seq2Seq(enc, dec, bos_id=10, eos_id=0)
@@ -337,7 +337,7 @@ def test_constructor_errors():
         Seq2Seq(enc, Decoder(V, EMB, 7, HID))
     dec = AttentionDecoder(V, EMB, 7, 2 * HID, 4)
     ok_mask = torch.ones(2, 3, dtype=torch.bool)
-    with pytest.raises(ValueError, match=r"final must be \(B, E=10\), got \(2, 5\)"):
+    with pytest.raises(ValueError, match=r"final must have shape \(B, E=10\), got \(2, 5\)"):
         dec.start(torch.zeros(2, 3, 10), torch.zeros(2, 5), ok_mask)
     with pytest.raises(ValueError, match=r"values must be \(B, S, 10\) for states \(2, 3, 10\), got \(2, 3, 6\)"):
         dec.start(torch.zeros(2, 3, 10), torch.zeros(2, 10), ok_mask, torch.zeros(2, 3, 6))
