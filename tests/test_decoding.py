@@ -1,4 +1,5 @@
-"""Decoding (lessons 08 and 09): beam search against exhaustive search, greedy, cached greedy, host reads."""
+"""helpers.decoding (lessons 08 and 09): beam search against exhaustive search and a plain reference, greedy,
+cached greedy against uncached, host reads."""
 
 import itertools
 from contextlib import contextmanager
@@ -23,8 +24,11 @@ def tiny(seed, tgt_v, src_v=9, **overrides):
     return model
 
 
-def source(seed, B, S, V=9):
-    return torch.randint(3, V, (B, S), generator=torch.Generator().manual_seed(seed))  # (B, S)
+def source(seed, B, S, V=9, n_pad=0):
+    src = torch.randint(3, V, (B, S), generator=torch.Generator().manual_seed(seed))  # (B, S)
+    if n_pad:
+        src[0, S - n_pad:] = PAD  # the first row is shorter: padded keys in the cross-attention
+    return src
 
 
 def penalty(n, alpha):
@@ -322,3 +326,215 @@ def test_beam_search_equals_a_plain_reference(seed, tgt_v, k, max_len, alpha, B)
         expected = reference_beam_search(model, src[b:b + 1], max_len, k, alpha)
         assert out[b, :len(expected)].tolist() == expected
         assert (out[b, len(expected):] == PAD).all()
+
+
+# --- cached greedy equals uncached greedy (the Transformer) ---------------------------------------
+
+def tiny_model(seed, src_v=9, tgt_v=7, dtype=torch.float64, **overrides):
+    torch.manual_seed(seed)
+    return Transformer(TransformerConfig.tiny(src_v, tgt_v, **overrides)).to(dtype).eval()
+
+
+@given(seed=st.integers(0, 10_000), norm_first=st.booleans(), n_heads=st.sampled_from([1, 2, 4]),
+       layers=st.integers(1, 2), B=st.integers(1, 3), S=st.integers(1, 6), n_pad=st.integers(0, 2),
+       tgt_v=st.integers(4, 9), max_len=st.integers(2, 14))
+def test_cached_greedy_equals_uncached(seed, norm_first, n_heads, layers, B, S, n_pad, tgt_v, max_len):
+    # small target vocabularies make the model emit eos and pad ids: rows stop at different steps
+    model = tiny_model(seed, tgt_v=tgt_v, norm_first=norm_first, n_heads=n_heads,
+                       n_encoder_layers=layers, n_decoder_layers=layers)
+    src = source(seed, B, S, 9, n_pad=min(n_pad, S - 1))
+    expected = greedy_decode(model, src, BOS, EOS, max_len)
+    got = greedy_decode_cached(model, src, BOS, EOS, max_len)
+    assert torch.equal(got, expected), f"\n{got}\n{expected}"
+
+
+def test_cached_greedy_covers_early_stop_and_generated_pads():
+    """The property test above must reach the interesting branches; this pins one case that does."""
+    hits = {"stopped_early": False, "generated_pad": False}
+    for seed in range(40):
+        model = tiny_model(seed, tgt_v=4)
+        src = source(seed, 3, 5, 9, n_pad=2)
+        out = greedy_decode(model, src, BOS, EOS, 12)
+        assert torch.equal(greedy_decode_cached(model, src, BOS, EOS, 12), out)
+        hits["stopped_early"] |= out.shape[1] < 12
+        body = out[:, 1:]
+        before_eos = torch.cumsum(body == EOS, dim=1) == 0
+        hits["generated_pad"] |= bool(((body == PAD) & before_eos).any())
+        if all(hits.values()):
+            break
+    assert all(hits.values()), hits
+
+
+def test_cached_greedy_float32_lesson08_sizes_and_no_early_eos():
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig.dates(20, 14)).eval()
+    assert model.config.max_len == 512
+    with torch.no_grad():
+        model.head.bias[EOS] = -1e4  # the trick the lesson and the benchmark use
+    src = source(0, 2, 12, 20)
+    out = greedy_decode_cached(model, src, BOS, EOS, 24)
+    assert out.shape == (2, 24) and not (out == EOS).any()
+    assert torch.equal(out, greedy_decode(model, src, BOS, EOS, 24))
+
+
+def test_cached_greedy_restores_training_mode_and_checks_arguments():
+    model = tiny_model(1).train()
+    greedy_decode_cached(model, source(1, 1, 4, 9), BOS, EOS, 5)
+    assert model.training
+    with pytest.raises(ValueError, match=r"bos_id \(a target token id\) must be an int in \[0, 6\], got 99"):
+        greedy_decode_cached(model, source(1, 1, 4, 9), 99, EOS, 5)
+    with pytest.raises(ValueError, match=r"max_len .* got 1000"):
+        greedy_decode_cached(model, source(1, 1, 4, 9), BOS, EOS, 1000)
+
+
+# --- greedy and beam search on the plain and a scripted Transformer -------------------------------
+
+SRC_V, TGT_V = 13, 11
+A, B_ = 4, 5  # two ordinary target tokens of the scripted distribution
+
+
+def ids(B, L, V, seed, low=3):
+    """(B, L) random non-special ids in [low, V)."""
+    return torch.randint(low, V, (B, L), generator=torch.Generator().manual_seed(seed))
+
+
+def make_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return Transformer(TransformerConfig.tiny(SRC_V, TGT_V, **overrides)).to(DT).eval()
+
+
+MODEL = make_model(seed=11)
+
+
+def test_greedy_decode_layout_and_stops_at_eos():
+    src = ids(4, 6, SRC_V, 3)
+    out = greedy_decode(MODEL, src, BOS, EOS, max_len=12)
+    assert out.dtype == torch.long and out.shape[0] == 4 and 2 <= out.shape[1] <= 12
+    assert (out[:, 0] == BOS).all()
+    for row in out.tolist():
+        if EOS in row:
+            after = row[row.index(EOS) + 1:]
+            assert all(t == PAD for t in after)
+    # every row's tokens are the argmax of the model's logits on its own prefix
+    logits = MODEL(src, out[:, :-1])
+    pred = logits.argmax(-1)
+    for b, row in enumerate(out.tolist()):
+        end = row.index(EOS) if EOS in row else len(row) - 1
+        assert pred[b, :end].tolist() == row[1:end + 1]
+
+
+def test_greedy_decode_stops_once_every_row_has_eos():
+    model = make_model(seed=5)
+    with torch.no_grad():  # make eos the runaway favourite
+        model.head.bias.zero_()
+        model.head.bias[EOS] = 100.0
+    out = greedy_decode(model, ids(3, 4, SRC_V, 0), BOS, EOS, max_len=20)
+    assert out.tolist() == [[BOS, EOS]] * 3
+
+
+class Scripted(Transformer):
+    """A Transformer whose next-token distribution is written by hand, to test the decoders exactly.
+
+    encode() hands the source ids on as the "memory"; decode_step() looks up the last position's
+    distribution in ``table`` (prefix -> {token: probability}) or, without a table, emits eos once
+    the prefix is as long as the row's first source id and token 3 before that.
+    """
+
+    def __init__(self, table=None):
+        super().__init__(TransformerConfig.tiny(SRC_V, TGT_V))
+        self.table = table
+
+    def encode(self, src):
+        return src.to(DT)[..., None], torch.ones(src.shape[0], 1, 1, src.shape[1], dtype=torch.bool)
+
+    def decode_step(self, tgt, cache):
+        B, T, memory = *tgt.shape, cache.memory
+        logits = torch.full((B, T, TGT_V), -1e9, dtype=DT)  # (B, T, V)
+        for b, row in enumerate(tgt.tolist()):
+            if self.table is None:
+                logits[b, -1, EOS if T >= memory[b, 0, 0] else 3] = 0.0
+            else:
+                for token, prob in self.table.get(tuple(row), {EOS: 1.0}).items():  # unlisted: stop
+                    logits[b, -1, token] = torch.log(torch.tensor(prob, dtype=DT))
+        return logits
+
+
+def test_greedy_decode_pads_rows_that_finished_early():
+    out = greedy_decode(Scripted(), torch.tensor([[1], [3], [2]]), BOS, EOS, max_len=10)
+    assert out.tolist() == [[BOS, EOS, PAD, PAD], [BOS, 3, 3, EOS], [BOS, 3, EOS, PAD]]
+    cut = greedy_decode(Scripted(), torch.tensor([[1], [9]]), BOS, EOS, max_len=4)  # row 1 hits max_len
+    assert cut.tolist() == [[BOS, EOS, PAD, PAD], [BOS, 3, 3, 3]]
+
+
+BEAM_TABLE = {(BOS,): {EOS: 0.4, A: 0.6}, (BOS, A): {EOS: 0.6, B_: 0.4}, (BOS, A, B_): {EOS: 1.0}}
+
+
+@pytest.mark.parametrize("beam_size, alpha, expected", [
+    (1, 0.0, [BOS, A, EOS]),  # greedy: 0.6 * 0.6 = 0.36
+    (4, 0.0, [BOS, EOS]),  # the beam finds the more likely short answer, 0.4
+    (4, 3.0, [BOS, A, B_, EOS]),  # a strong length penalty favours the longest: log(0.24) / (8/6)^3
+])
+def test_beam_search_on_a_hand_written_distribution(beam_size, alpha, expected):
+    out = beam_search(Scripted(BEAM_TABLE), torch.tensor([[3]]), BOS, EOS, max_len=6,
+                      beam_size=beam_size, length_penalty=alpha)
+    assert out[0].tolist() == expected
+
+
+def test_decoders_restore_training_mode():
+    model = make_model(dropout=0.2).train()
+    greedy_decode(model, ids(1, 3, SRC_V, 0), BOS, EOS, 5)
+    beam_search(model, ids(1, 3, SRC_V, 0), BOS, EOS, 5)
+    assert model.training
+
+
+@settings(max_examples=15)  # each example decodes up to 10 steps twice
+@given(seed=st.integers(0, 10_000), B=st.integers(1, 3))
+def test_beam_size_one_equals_greedy(seed, B):
+    src = ids(B, 5, SRC_V, seed)
+    src[0, 3:] = PAD
+    g = greedy_decode(MODEL, src, BOS, EOS, max_len=10)
+    b = beam_search(MODEL, src, BOS, EOS, max_len=10, beam_size=1)
+    assert torch.equal(g, b)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 3.0])
+def test_exhaustive_beam_finds_the_best_normalised_hypothesis(alpha):
+    """With a beam wider than the whole search space, beam search must return the brute-force optimum."""
+    src = ids(1, 5, SRC_V, 4)
+    lp = lambda n: ((5 + n) / 6) ** alpha  # noqa: E731  (Wu et al. 2016, |Y| = tokens after BOS)
+    logp1 = torch.log_softmax(MODEL(src, torch.tensor([[BOS]]))[0, 0], -1)  # (V,)
+    candidates = {(BOS, EOS): logp1[EOS].item() / lp(1)}
+    for y1 in range(TGT_V):
+        if y1 == EOS:
+            continue
+        logp2 = torch.log_softmax(MODEL(src, torch.tensor([[BOS, y1]]))[0, 1], -1)  # (V,)
+        for y2 in range(TGT_V):  # max_len 3: either ends in eos or is cut off at length 3
+            candidates[(BOS, y1, y2)] = (logp1[y1] + logp2[y2]).item() / lp(2)
+    best = max(candidates, key=candidates.get)
+    out = beam_search(MODEL, src, BOS, EOS, max_len=3, beam_size=200, length_penalty=alpha)
+    assert tuple(out[0].tolist()) == best
+
+
+def test_beam_search_batch_layout():
+    src = ids(3, 4, SRC_V, 2)
+    out = beam_search(MODEL, src, BOS, EOS, max_len=9, beam_size=3)
+    assert out.shape[0] == 3 and out.shape[1] <= 9 and (out[:, 0] == BOS).all()
+    for b in range(3):  # each row is what searching that example alone gives
+        alone = beam_search(MODEL, src[b:b + 1], BOS, EOS, max_len=9, beam_size=3)[0]
+        assert out[b, :alone.shape[0]].tolist() == alone.tolist()
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(max_len=1), ["max_len", "1"]),
+    (dict(max_len=65), ["max_len", "64"]),
+    (dict(bos_id=PAD), ["bos_id", "pad_id"]),
+    (dict(eos_id=TGT_V), ["eos_id", str(TGT_V)]),
+])
+def test_decode_arguments_are_checked(kwargs, words):
+    args = dict(bos_id=BOS, eos_id=EOS, max_len=5) | kwargs
+    with pytest.raises(ValueError) as err:
+        greedy_decode(MODEL, ids(1, 3, SRC_V, 0), **args)
+    for w in words:
+        assert w in str(err.value)
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(MODEL, ids(1, 3, SRC_V, 0), BOS, EOS, 5, beam_size=0)
