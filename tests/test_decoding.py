@@ -390,7 +390,7 @@ def test_cached_greedy_restores_training_mode_and_checks_arguments():
 # --- greedy and beam search on the plain and a scripted Transformer -------------------------------
 
 SRC_V, TGT_V = 13, 11
-A, B_ = 4, 5  # two ordinary target tokens of the scripted distribution
+X, Y = 4, 5  # two ordinary target tokens of the scripted distribution
 
 
 def ids(B, L, V, seed, low=3):
@@ -466,13 +466,13 @@ def test_greedy_decode_pads_rows_that_finished_early():
     assert cut.tolist() == [[BOS, EOS, PAD, PAD], [BOS, 3, 3, 3]]
 
 
-BEAM_TABLE = {(BOS,): {EOS: 0.4, A: 0.6}, (BOS, A): {EOS: 0.6, B_: 0.4}, (BOS, A, B_): {EOS: 1.0}}
+BEAM_TABLE = {(BOS,): {EOS: 0.4, X: 0.6}, (BOS, X): {EOS: 0.6, Y: 0.4}, (BOS, X, Y): {EOS: 1.0}}
 
 
 @pytest.mark.parametrize("beam_size, alpha, expected", [
-    (1, 0.0, [BOS, A, EOS]),  # greedy: 0.6 * 0.6 = 0.36
+    (1, 0.0, [BOS, X, EOS]),  # greedy: 0.6 * 0.6 = 0.36
     (4, 0.0, [BOS, EOS]),  # the beam finds the more likely short answer, 0.4
-    (4, 3.0, [BOS, A, B_, EOS]),  # a strong length penalty favours the longest: log(0.24) / (8/6)^3
+    (4, 3.0, [BOS, X, Y, EOS]),  # a strong length penalty favours the longest: log(0.24) / (8/6)^3
 ])
 def test_beam_search_on_a_hand_written_distribution(beam_size, alpha, expected):
     out = beam_search(Scripted(BEAM_TABLE), torch.tensor([[3]]), BOS, EOS, max_len=6,
