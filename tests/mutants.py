@@ -34,7 +34,7 @@ GPT_GEN = ("tests/test_gpt.py", "-k", "generate or cached or lively or special o
 KV = ("tests/test_kv_cache.py", "tests/test_attention.py", "-k", "cache")
 TF = ("tests/test_transformer.py", "tests/test_layers.py")
 FLASH = ("tests/test_flash.py",)
-MASKS = ("tests/test_masks.py", "tests/test_masks_positional_device.py")
+MASKS = ("tests/test_masks.py",)
 POS = ("tests/test_positional.py",)
 PRE = ("tests/test_pretrained.py", "-k", "not float64")
 
