@@ -30,7 +30,8 @@ class Mutant:
 
 
 DEC = ("tests/test_decoding.py",)
-GPT_GEN = ("tests/test_gpt.py", "-k", "generate or cached or lively or special or top_k or filter")
+GPT_GEN = ("tests/test_decoding.py", "tests/test_gpt.py", "-k",
+           "generate or lively or special or top_k or filter or cached_logits")
 KV = ("tests/test_kv_cache.py", "tests/test_attention.py", "-k", "cache")
 TF = ("tests/test_transformer.py", "tests/test_layers.py")
 FLASH = ("tests/test_flash.py",)
@@ -118,7 +119,7 @@ MUTANTS = [
            "pe[:, 0::2] = torch.sin(angle)", "pe[:, 0::2] = torch.cos(angle)", POS),
     Mutant("learned positions ignore the offset", "positional.py",
            "positions = torch.arange(offset, offset + T, device=x.device)",
-           "positions = torch.arange(0, T, device=x.device)", POS + GPT_GEN[:1]),
+           "positions = torch.arange(0, T, device=x.device)", POS + ("tests/test_gpt.py",)),
     Mutant("sinusoidal table ignores the offset", "positional.py",
            "return self.dropout(x + self.pe[offset:offset + T].to(x.dtype))",
            "return self.dropout(x + self.pe[:T].to(x.dtype))", POS + KV),
