@@ -76,7 +76,8 @@ MUTANTS = [
     Mutant("top-p drops the token that crosses p", "decoding.py",
            "before = sorted_probs.cumsum(dim=-1) - sorted_probs", "before = sorted_probs.cumsum(dim=-1)", GPT_GEN),
     Mutant("temperature multiplies", "decoding.py",
-           "/ temperature\n", "* temperature\n", GPT_GEN),
+           "x = logits.to(torch.promote_types(logits.dtype, torch.float32)) / t",
+           "x = logits.to(torch.promote_types(logits.dtype, torch.float32)) * t", GPT_GEN),
     # KV-cache positions
     Mutant("KV cache writes every step to slot 0", "attention.py",
            "self.k[:, :, self.length:self.length + T_new] = k_new",
