@@ -38,6 +38,7 @@ FLASH = ("tests/test_flash.py",)
 MASKS = ("tests/test_masks.py",)
 POS = ("tests/test_positional.py",)
 PRE = ("tests/test_pretrained.py", "-k", "not float64")
+RNN = ("tests/test_rnn.py", "tests/test_decoding.py", "-k", "rnn")
 
 MUTANTS = [
     # decoding bookkeeping
@@ -58,6 +59,15 @@ MUTANTS = [
            "next_id = next_id  # finished rows get pad", DEC),
     Mutant("cached greedy cuts one token short", "decoding.py",
            "L = 1 + int(torch.where(finished, first_eos + 1,", "L = int(torch.where(finished, first_eos + 1,", DEC),
+    Mutant("RNN greedy pads its first </s> too", "decoding.py",
+           "ids = ids.masked_fill(is_eos.cumsum(dim=1) - is_eos > 0, model.pad_id)",
+           "ids = ids.masked_fill(is_eos.cumsum(dim=1) > 0, model.pad_id)", RNN),
+    Mutant("RNN greedy feeds <s> at every step", "decoding.py",
+           "token = model.decode_step(token, cache).argmax(dim=-1)  # (B, 1, V) -> (B, 1)\n        ids.append(token)",
+           "ids.append(model.decode_step(token, cache).argmax(dim=-1))", RNN),
+    Mutant("RNN step forgets its state", "rnn.py",
+           "logits, cache.memory, weights = self.decoder(ids, cache.memory)",
+           "logits, _, weights = self.decoder(ids, cache.memory)", RNN),
     Mutant("generate skips refreshing the logits on its last step", "decoding.py",
            "            else:\n                logits = model.decode_step(out[:, -1:], caches)[:, -1]",
            "            elif out.shape[1] < ids.shape[1] + max_new_tokens - 1:\n"

@@ -1,5 +1,6 @@
-"""helpers.decoding (lessons 08, 09 and 12): beam search against exhaustive search and a plain reference, greedy,
-cached greedy against uncached, host reads; the GPT's generation loop and its sampling filters."""
+"""helpers.decoding (lessons 01, 08, 09 and 12): beam search against exhaustive search and a plain reference,
+greedy, cached greedy against uncached, host reads; the GPT's generation loop and its sampling filters; the RNN's
+greedy loop against the loop written out, and its decode_step against teacher forcing."""
 
 import itertools
 import math
@@ -10,8 +11,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.decoding import _greedy_step, beam_search, filter_logits, greedy_decode, greedy_decode_cached
+from helpers.decoding import (
+    _greedy_step,
+    beam_search,
+    filter_logits,
+    greedy_decode,
+    greedy_decode_cached,
+    greedy_decode_rnn,
+)
 from helpers.gpt import GPT, GPTConfig, load_course_gpt
+from helpers.rnn import AttentionDecoder, Decoder, Encoder, Seq2Seq
 from helpers.transformer import Transformer, TransformerConfig
 
 PAD, BOS, EOS = 0, 1, 2
@@ -749,3 +758,98 @@ def test_filter_logits_keeps_inf_tokens_under_top_p():
 def test_filter_logits_bad_logits():
     with pytest.raises(ValueError, match="floating"):
         filter_logits(torch.zeros(5, dtype=torch.long))
+
+
+# --- the RNN encoder-decoder (lesson 01): greedy_decode_rnn over Seq2Seq.decode_step ----------------------
+
+def rnn_model(kind, seed, V, bidirectional=True, bos_id=BOS, eos_id=EOS):
+    """A float64 Seq2Seq over V target tokens: kind "fixed" (one context vector), "states" or "embeddings"."""
+    torch.manual_seed(seed)
+    enc = Encoder(9, 6, 5, bidirectional=bidirectional)
+    if kind == "fixed":
+        dec = Decoder(V, 6, 7, enc.out_dim)
+    else:
+        dec = AttentionDecoder(V, 6, 7, enc.out_dim, 4, value_dim=6 if kind == "embeddings" else None)
+    model = Seq2Seq(enc, dec, read="states" if kind == "fixed" else kind, bos_id=bos_id, eos_id=eos_id).to(DT)
+    with torch.no_grad():
+        dec.out.weight.mul_(3.0)  # sharper next-token distributions: the choices depend on the inputs
+    return model
+
+
+@torch.no_grad()
+def rnn_greedy_by_hand(model, src, max_len):
+    """Lesson 01's greedy loop written out over the decoder itself: feed back the argmax max_len times,
+    then blank every position after a row's first </s>, one row at a time."""
+    memory = model.start(src)
+    token = torch.full((src.shape[0], 1), model.bos_id)  # (B, 1)
+    columns, weights = [], []
+    for _ in range(max_len):
+        logits, memory, a = model.decoder(token, memory)  # (B, 1, V), memory, (B, 1, S) or None
+        token = logits.argmax(dim=-1)  # (B, 1)
+        columns.append(token)
+        weights.append(a)
+    rows = torch.cat(columns, dim=1).tolist()  # B lists of max_len ids
+    for row in rows:
+        if model.eos_id in row:
+            first = row.index(model.eos_id)
+            row[first + 1:] = [model.pad_id] * (len(row) - first - 1)
+    return torch.tensor(rows), (None if weights[0] is None else torch.cat(weights, dim=1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(["fixed", "states", "embeddings"]), bidirectional=st.booleans(),
+       seed=st.integers(0, 10_000), V=st.integers(3, 6), lengths=st.lists(st.integers(1, 6), min_size=1, max_size=3),
+       max_len=st.integers(1, 9), special=st.sampled_from([(BOS, EOS), (2, 1), (1, 0), (2, 2)]))
+def test_rnn_greedy_equals_the_loop_written_out(kind, bidirectional, seed, V, lengths, max_len, special):
+    """Ids and weights exactly as the loop Seq2Seq.greedy_decode ran before it moved to helpers.decoding,
+    the steps after </s> included (its weights are those of the model's own tokens fed back)."""
+    model = rnn_model(kind, seed, V, bidirectional, *special)
+    g = torch.Generator().manual_seed(seed)
+    src = torch.zeros(len(lengths), max(lengths), dtype=torch.long)  # (B, S), pad_id 0 on the right
+    for b, n in enumerate(lengths):
+        src[b, :n] = torch.randint(3, 9, (n,), generator=g)
+    expected_ids, expected_weights = rnn_greedy_by_hand(model, src, max_len)
+    ids, weights = greedy_decode_rnn(model, src, max_len, return_attention=True)
+    assert torch.equal(ids, expected_ids)
+    assert weights is None if kind == "fixed" else torch.equal(weights, expected_weights)
+    assert torch.equal(model.greedy_decode(src, max_len), expected_ids)
+
+
+def test_rnn_greedy_keeps_feeding_its_own_tokens_after_eos():
+    """A row that wrote </s> early still runs every step on its own (unpadded) tokens: its weights there
+    are teacher forcing's on those tokens, and its ids are pads."""
+    model = rnn_model("states", 5, 4)
+    src = torch.tensor([[3, 4, 5, 6, 7], [8, 7, 6, 0, 0]])
+    ids, weights = greedy_decode_rnn(model, src, 8, return_attention=True)
+    with torch.no_grad():
+        memory, token, raw = model.start(src), torch.full((2, 1), BOS), []
+        for _ in range(8):
+            logits, memory, _ = model.decoder(token, memory)
+            token = logits.argmax(-1)
+            raw.append(token)
+    raw = torch.cat(raw, dim=1)  # (2, 8): the tokens fed back, before the pads
+    first = [row.index(EOS) for row in raw.tolist()]
+    assert first == [1, 1], raw  # </s> early in both rows: most steps run after it
+    assert all(ids[b, first[b] + 1:].eq(PAD).all() and not raw[b, first[b] + 1:].eq(PAD).all() for b in range(2))
+    tgt_in = torch.cat([torch.full((2, 1), BOS), raw[:, :-1]], dim=1)  # (2, 8)
+    _, forced = model(src, tgt_in)
+    torch.testing.assert_close(weights, forced)
+
+
+@pytest.mark.parametrize("kind", ["fixed", "states", "embeddings"])
+def test_rnn_decode_step_reads_each_token_once(kind):
+    """decode_step advances the cache's state past the ids it reads: steps of 3, 1 and 2 tokens give
+    teacher forcing's logits and weights of all 6."""
+    model = rnn_model(kind, 1, 6)
+    src = torch.tensor([[3, 4, 5], [6, 7, 0]])
+    tgt_in = torch.tensor([[BOS, 3, 4, 5, 3, 4], [BOS, 5, 5, 4, 3, 3]])
+    with torch.no_grad():
+        logits, weights = model(src, tgt_in)
+        cache = model.new_decode_cache(src)
+        steps = [model.decode_step(tgt_in[:, i:j], cache) for i, j in ((0, 3), (3, 4), (4, 6))]
+    torch.testing.assert_close(torch.cat(steps, dim=1), logits, rtol=0, atol=1e-12)
+    assert len(cache.weights) == 3
+    if kind == "fixed":
+        assert weights is None and cache.weights == [None] * 3
+    else:
+        torch.testing.assert_close(torch.cat(cache.weights, dim=1), weights, rtol=0, atol=1e-12)
