@@ -89,7 +89,7 @@ def compare(args, device, batch) -> dict:
     outputs = {name: fn() for name, fn in fns.items()}
     if outputs["uncached"].shape != (batch, max_len):
         raise AssertionError(f"expected {max_len} ids per row, got shape {tuple(outputs['uncached'].shape)}")
-    # Equal ids are asserted on the CPU by tests/test_decoding.py and tests/test_scale.py. Here, on a GPU, a
+    # Equal ids are asserted on the CPU by tests/test_decoding.py and tests/test_kv_cache.py. Here, on a GPU, a
     # near-tie between two logits can fall the other way when the cached and uncached steps reduce in
     # different orders, and one different token changes the rest of its row: report where, and go on timing.
     divergence = {name: d for name, out in outputs.items() if (d := first_divergence(out, outputs["uncached"]))}

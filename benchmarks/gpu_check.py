@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 LESSONS = ["09_attention_at_scale", "10_flash_attention", "12_gpt_from_scratch", "13_*"]
 # the unit tests that use CUDA where COURSE_DEVICE=cuda (the device helpers, the kernels, the KV cache)
-GPU_TESTS = ["tests/test_flash.py", "tests/test_scale.py", "tests/test_decoding.py",
-             "tests/test_masks_positional_device.py"]
+GPU_TESTS = ["tests/test_flash.py", "tests/test_decoding.py", "tests/test_kv_cache.py", "tests/test_device.py",
+             "tests/test_sdpa_kernels.py"]
 STEPS = ["tests", "lessons", "attention", "mha", "kv_cache", "flash_cs336"]
 NO_CUDA = ("make gpu-check needs a CUDA GPU, and {why}. Nothing was run and nothing was written. "
            "Run it on a machine with an NVIDIA GPU and a CUDA build of PyTorch (benchmarks/README.md, "

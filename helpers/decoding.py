@@ -1,12 +1,15 @@
-"""Every decoding loop of the course, over one small model interface (lessons 08, 09 and 12).
+"""Every decoding loop of the course, over one small model interface (lessons 01, 08, 09 and 12).
 
 A model decodes through ``model.decode_step(ids, cache) -> logits (B, T, V)``: the logits of the
 token ids ``ids`` (B, T) placed after the positions ``cache`` holds, unchecked (a loop checks its
 input once, before it starts). The encoder-decoder (``helpers.transformer.Transformer``) also has
 ``encode(src)`` and ``new_decode_cache(memory, max_len=None, static=False, src_mask=None)``, whose
 cache carries the encoder's memory; the GPT (``helpers.gpt.GPT``) has ``new_caches(batch, max_len)``,
-one KV cache per block, and takes ``cache=None`` for a pass over the whole context.
+one KV cache per block, and takes ``cache=None`` for a pass over the whole context. The RNN
+(``helpers.rnn.Seq2Seq``) has ``new_decode_cache(src)``, a cache holding the decoder's state, which each
+step advances past the ids it reads.
 
+- ``greedy_decode_rnn`` (lesson 01): the RNN encoder-decoder;
 - ``greedy_decode``, ``beam_search`` (lesson 08) and ``greedy_decode_cached`` with its CUDA-graph
   step (lesson 09): the encoder-decoder;
 - ``filter_logits`` and ``generate``, the sampling loop behind ``GPT.generate`` (lesson 12).
@@ -19,6 +22,41 @@ import math
 import torch
 
 from helpers._validate import as_int, check_ids, positive_int, require_bool, require_real, require_type, shape_str
+
+# --- the RNN encoder-decoder (lesson 01) -------------------------------------------------------------
+
+
+@torch.no_grad()
+def greedy_decode_rnn(model, src: torch.Tensor, max_len: int, return_attention: bool = False):
+    """Feed back the most likely token for max_len steps -> ids (B, max_len) [, weights (B, max_len, S)] (lesson 01).
+
+    model is a ``helpers.rnn.Seq2Seq``: ``new_decode_cache(src)`` encodes src (B, S) and holds the
+    decoder's state, and each ``decode_step`` reads one token and advances it. Every column is a
+    generated token, and there are always max_len of them: no <s> column and no early stop, so
+    lesson 01's plots can read one column per step. Positions after a row's first </s> are set to
+    pad_id afterwards; the row keeps feeding back its own tokens, so the attention weights of those
+    steps are the ones the model gives. Weights are None for the fixed-context decoder.
+
+    It is not ``greedy_decode``'s loop: that loop feeds the whole prefix at every step to a cache
+    holding the encoder's memory only (a Transformer re-reads it in one pass), feeds pad_id to
+    finished rows and stops when all have finished, and checks the arguments of an encoder-decoder
+    Transformer (its config and vocabularies); an RNN reads each token once, through its state.
+    """
+    max_len = positive_int(max_len, "max_len")
+    cache = model.new_decode_cache(src)
+    token = torch.full((src.shape[0], 1), model.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+    ids = []
+    for _ in range(max_len):
+        token = model.decode_step(token, cache).argmax(dim=-1)  # (B, 1, V) -> (B, 1)
+        ids.append(token)
+    ids = torch.cat(ids, dim=1)  # (B, max_len)
+    is_eos = (ids == model.eos_id).long()  # (B, max_len)
+    ids = ids.masked_fill(is_eos.cumsum(dim=1) - is_eos > 0, model.pad_id)  # after the first </s>
+    if not return_attention:
+        return ids
+    weights = cache.weights  # max_len entries of (B, 1, S), or of None
+    return ids, (None if weights[0] is None else torch.cat(weights, dim=1))  # (B, max_len, S)
+
 
 # --- the encoder-decoder (lesson 08) -----------------------------------------------------------
 

@@ -8,6 +8,9 @@ Two decoders share one interface, so a `Seq2Seq` can wrap either:
   themselves, as in the paper, or of the source token embeddings (``Seq2Seq(..., read="embeddings")``).
 
 Token ids use `helpers.data.Vocab`'s convention: positions holding ``pad_id`` are padding.
+
+A `Seq2Seq` decodes through ``helpers.decoding``'s model interface: ``decode_step(ids, cache)`` with a
+`DecoderState` as the cache; the loop itself is ``helpers.decoding.greedy_decode_rnn``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from helpers._validate import (
     shape_str,
 )
 from helpers.attention import AdditiveAttention
+from helpers.decoding import greedy_decode_rnn
 from helpers.masks import padding_mask_from_ids
 
 
@@ -167,6 +171,18 @@ class AttentionDecoder(nn.Module):
         return logits, (s, *memory[1:]), torch.stack(weights, dim=1)  # (B, T, V), memory, (B, T, S)
 
 
+class DecoderState:
+    """What an RNN decoder carries from one ``Seq2Seq.decode_step`` to the next: the cache (lesson 01).
+
+    ``memory``: the decoder's memory after the tokens fed so far (``Decoder.start``'s or
+    ``AttentionDecoder.start``'s tuple, its first entry the state s_i); ``weights``: one entry per
+    step, the step's attention weights (B, T, S), or None for the fixed-context decoder.
+    """
+
+    def __init__(self, memory):
+        self.memory, self.weights = memory, []
+
+
 class Seq2Seq(nn.Module):
     """Encoder + decoder: teacher-forced ``forward`` and ``greedy_decode`` with attention weights (lesson 01).
 
@@ -213,27 +229,28 @@ class Seq2Seq(nn.Module):
         logits, _, weights = self.decoder(tgt_in, self.start(src))
         return logits, weights
 
-    @torch.no_grad()
     def greedy_decode(self, src: torch.Tensor, max_len: int, return_attention: bool = False):
         """Feed back the most likely token for ``max_len`` steps -> ids (B, max_len) [, weights (B, max_len, S)].
 
         Positions after a row's first </s> are set to pad_id. Weights are None for the fixed-context decoder.
         The layout differs from lesson 08's ``helpers.transformer.greedy_decode``, which puts <s> in
         column 0 and stops once every row has finished: here every column is a generated token and
-        there are always max_len of them (lesson 01's plots read one column per step).
+        there are always max_len of them (lesson 01's plots read one column per step). The loop is
+        ``helpers.decoding.greedy_decode_rnn``, over ``new_decode_cache`` and ``decode_step``: not
+        ``greedy_decode``'s, which re-reads the whole prefix each step where an RNN reads each token once.
         """
-        max_len = positive_int(max_len, "max_len")
-        memory = self.start(src)
-        token = torch.full((src.shape[0], 1), self.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
-        ids, weights = [], []
-        for _ in range(max_len):
-            logits, memory, a = self.decoder(token, memory)  # (B, 1, V), memory, (B, 1, S) or None
-            token = logits.argmax(dim=-1)  # (B, 1)
-            ids.append(token)
-            weights.append(a)
-        ids = torch.cat(ids, dim=1)  # (B, max_len)
-        is_eos = (ids == self.eos_id).long()  # (B, max_len)
-        ids = ids.masked_fill(is_eos.cumsum(dim=1) - is_eos > 0, self.pad_id)  # after the first </s>
-        if not return_attention:
-            return ids
-        return ids, (None if weights[0] is None else torch.cat(weights, dim=1))  # (B, max_len, S)
+        return greedy_decode_rnn(self, src, max_len, return_attention)
+
+    def new_decode_cache(self, src: torch.Tensor) -> DecoderState:
+        """Encode src (B, S): a DecoderState holding the decoder's initial memory, for ``decode_step``."""
+        return DecoderState(self.start(src))
+
+    def decode_step(self, ids: torch.Tensor, cache: DecoderState) -> torch.Tensor:
+        """Logits (B, T, V) of the target ids (B, T) fed after the tokens ``cache`` has read, unchecked.
+
+        The model interface of ``helpers.decoding``. An RNN reads each token once: the step advances
+        ``cache.memory`` past ids and appends its attention weights (B, T, S) or None to ``cache.weights``.
+        """
+        logits, cache.memory, weights = self.decoder(ids, cache.memory)  # (B, T, V), memory, weights
+        cache.weights.append(weights)
+        return logits

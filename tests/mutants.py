@@ -30,13 +30,15 @@ class Mutant:
 
 
 DEC = ("tests/test_decoding.py",)
-GPT_GEN = ("tests/test_gpt.py", "-k", "generate or cached or lively or special or top_k or filter")
+GPT_GEN = ("tests/test_decoding.py", "tests/test_gpt.py", "-k",
+           "generate or lively or special or top_k or filter or cached_logits")
 KV = ("tests/test_kv_cache.py", "tests/test_attention.py", "-k", "cache")
 TF = ("tests/test_transformer.py", "tests/test_layers.py")
 FLASH = ("tests/test_flash.py",)
-MASKS = ("tests/test_masks.py", "tests/test_masks_positional_device.py")
+MASKS = ("tests/test_masks.py",)
 POS = ("tests/test_positional.py",)
 PRE = ("tests/test_pretrained.py", "-k", "not float64")
+RNN = ("tests/test_rnn.py", "tests/test_decoding.py", "-k", "rnn")
 
 MUTANTS = [
     # decoding bookkeeping
@@ -57,6 +59,15 @@ MUTANTS = [
            "next_id = next_id  # finished rows get pad", DEC),
     Mutant("cached greedy cuts one token short", "decoding.py",
            "L = 1 + int(torch.where(finished, first_eos + 1,", "L = int(torch.where(finished, first_eos + 1,", DEC),
+    Mutant("RNN greedy pads its first </s> too", "decoding.py",
+           "ids = ids.masked_fill(is_eos.cumsum(dim=1) - is_eos > 0, model.pad_id)",
+           "ids = ids.masked_fill(is_eos.cumsum(dim=1) > 0, model.pad_id)", RNN),
+    Mutant("RNN greedy feeds <s> at every step", "decoding.py",
+           "token = model.decode_step(token, cache).argmax(dim=-1)  # (B, 1, V) -> (B, 1)\n        ids.append(token)",
+           "ids.append(model.decode_step(token, cache).argmax(dim=-1))", RNN),
+    Mutant("RNN step forgets its state", "rnn.py",
+           "logits, cache.memory, weights = self.decoder(ids, cache.memory)",
+           "logits, _, weights = self.decoder(ids, cache.memory)", RNN),
     Mutant("generate skips refreshing the logits on its last step", "decoding.py",
            "            else:\n                logits = model.decode_step(out[:, -1:], caches)[:, -1]",
            "            elif out.shape[1] < ids.shape[1] + max_new_tokens - 1:\n"
@@ -75,7 +86,8 @@ MUTANTS = [
     Mutant("top-p drops the token that crosses p", "decoding.py",
            "before = sorted_probs.cumsum(dim=-1) - sorted_probs", "before = sorted_probs.cumsum(dim=-1)", GPT_GEN),
     Mutant("temperature multiplies", "decoding.py",
-           "/ temperature\n", "* temperature\n", GPT_GEN),
+           "x = logits.to(torch.promote_types(logits.dtype, torch.float32)) / t",
+           "x = logits.to(torch.promote_types(logits.dtype, torch.float32)) * t", GPT_GEN),
     # KV-cache positions
     Mutant("KV cache writes every step to slot 0", "attention.py",
            "self.k[:, :, self.length:self.length + T_new] = k_new",
@@ -118,7 +130,7 @@ MUTANTS = [
            "pe[:, 0::2] = torch.sin(angle)", "pe[:, 0::2] = torch.cos(angle)", POS),
     Mutant("learned positions ignore the offset", "positional.py",
            "positions = torch.arange(offset, offset + T, device=x.device)",
-           "positions = torch.arange(0, T, device=x.device)", POS + GPT_GEN[:1]),
+           "positions = torch.arange(0, T, device=x.device)", POS + ("tests/test_gpt.py",)),
     Mutant("sinusoidal table ignores the offset", "positional.py",
            "return self.dropout(x + self.pe[offset:offset + T].to(x.dtype))",
            "return self.dropout(x + self.pe[:T].to(x.dtype))", POS + KV),

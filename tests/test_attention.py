@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.attention import MultiHeadAttention, scaled_dot_product_attention, softmax, to_torch_mha
-from helpers.masks import causal_mask, padding_mask
+from helpers.masks import causal_mask, padding_mask, padding_mask_from_ids
 
 DT = torch.float64
 
@@ -360,3 +360,81 @@ def test_additive_attention_ignores_nan_in_masked_values():
     keys[0, 2] = float("nan")
     out, _ = attn(query, keys, values, mask=mask)
     assert torch.equal(out, clean)
+
+
+# --- grouped-query attention ----------------------------------------------------------------------
+
+PAD = 0
+
+
+def seeded_mha(seed, d_model=16, n_heads=4, n_kv_heads=None):
+    torch.manual_seed(seed)
+    return MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads).to(DT).eval()
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+def test_grouped_query_attention_equals_torch_with_enable_gqa(n_kv_heads):
+    module = seeded_mha(0, n_kv_heads=n_kv_heads)
+    assert module.w_k.weight.shape == (n_kv_heads * 4, 16) and module.w_v.weight.shape == (n_kv_heads * 4, 16)
+    x, mem = rand(2, 5, 16, seed=1), rand(2, 7, 16, seed=2)
+    mask = padding_mask_from_ids(torch.tensor([[3, 4, 5, 6, 7, 0, 0], [1, 2, 3, 4, 5, 6, 7]]), PAD)  # (B, 1, 1, S)
+    out, weights = module(x, mem, mem, mask=mask)
+    q = module.w_q(x).view(2, 5, 4, 4).transpose(1, 2)  # (B, H, T, D)
+    k = module.w_k(mem).view(2, 7, n_kv_heads, 4).transpose(1, 2)  # (B, Hkv, S, D)
+    v = module.w_v(mem).view(2, 7, n_kv_heads, 4).transpose(1, 2)
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # (B, H, T, D)
+    expected = module.w_o(theirs.transpose(1, 2).reshape(2, 5, 16))
+    assert (out - expected).abs().max() < 1e-12
+    assert weights.shape == (2, 4, 5, 7)
+    fused, none = module(x, mem, mem, mask=mask, need_weights=False)
+    assert none is None and (fused - expected).abs().max() < 1e-12
+
+
+
+def test_query_heads_of_one_group_read_the_same_keys():
+    """With one KV head (multi-query) every head's weights come from the same keys: changing w_q of head 0
+    only changes head 0's weights."""
+    module = seeded_mha(1, n_kv_heads=1)
+    x = rand(1, 3, 16, seed=3)
+    _, before = module(x, x, x)
+    with torch.no_grad():
+        module.w_q.weight[:4] += 1.0  # the rows of query head 0
+    _, after = module(x, x, x)
+    assert not torch.allclose(before[:, 0], after[:, 0]) and torch.equal(before[:, 1:], after[:, 1:])
+
+
+
+def test_bad_n_kv_heads_are_refused():
+    with pytest.raises(ValueError, match="n_heads=4 is not divisible by n_kv_heads=3"):
+        MultiHeadAttention(16, 4, n_kv_heads=3)
+    with pytest.raises(ValueError, match="n_kv_heads must be a positive int, got 0"):
+        MultiHeadAttention(16, 4, n_kv_heads=0)
+
+
+# --- values that poison the output ----------------------------------------------------------------
+
+def test_softmax_of_a_row_holding_plus_inf_is_its_limit_with_a_finite_gradient():
+    inf = float("inf")
+    x = torch.tensor([[0.0, inf, 0.0], [inf, 1.0, inf], [1.0, 2.0, 3.0]], dtype=DT, requires_grad=True)
+    p = softmax(x)
+    assert p[0].tolist() == [0.0, 1.0, 0.0] and p[1].tolist() == [0.5, 0.0, 0.5]
+    assert torch.allclose(p[2], torch.softmax(x[2], dim=-1))
+    (p * torch.arange(3, dtype=DT)).sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert torch.isnan(softmax(torch.tensor([1.0, float("nan")]))).all()  # NaN stays NaN, as in torch
+
+
+
+def test_a_nan_in_a_masked_key_gives_no_nan_gradient():
+    q = rand(1, 2, 3, 4, seed=1).requires_grad_()
+    k, v = rand(1, 2, 5, 4, seed=2), rand(1, 2, 5, 4, seed=3)
+    k[..., 4, :] = float("nan")  # padding that nobody reads
+    v[..., 4, :] = float("inf")
+    mask = torch.tensor([True, True, True, True, False])[None, None, None, :]  # (1, 1, 1, S)
+    out, _ = scaled_dot_product_attention(q, k, v, mask=mask)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+    q2 = q.detach().clone().requires_grad_()
+    ref = F.scaled_dot_product_attention(q2, k[..., :4, :], v[..., :4, :])
+    ref.sum().backward()
+    assert (out - ref).abs().max() < 1e-12 and (q.grad - q2.grad).abs().max() < 1e-12

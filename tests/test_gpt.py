@@ -18,7 +18,6 @@ from helpers.gpt import (
     GPT,
     GPTConfig,
     bits_per_char,
-    filter_logits,
     load_course_gpt,
     ngram_bits_per_char,
     parameter_count,
@@ -108,7 +107,7 @@ def test_changing_token_t_never_changes_the_logits_before_t(T, t, seed):
     assert not torch.equal(a[:, pos:], b[:, pos:])  # the position itself (and later) does see it
 
 
-# --- generation with and without the cache -----------------------------------------------------
+# --- the KV cache, and the special ids (generation itself: tests/test_decoding.py) -----------------
 
 @pytest.mark.parametrize("n_kv_heads", [None, 2, 1])
 def test_cached_logits_equal_full_forward(n_kv_heads):
@@ -122,102 +121,6 @@ def test_cached_logits_equal_full_forward(n_kv_heads):
     assert all(c.length == 12 for c in caches)
 
 
-@pytest.mark.parametrize("n_kv_heads", [None, 1])
-@pytest.mark.parametrize("knobs", [dict(top_k=1), dict(), dict(temperature=0.7, top_k=4), dict(top_p=0.8)])
-def test_generate_cached_equals_uncached(n_kv_heads, knobs):
-    model = make_model(n_kv_heads=n_kv_heads)
-    prompt = rand_ids(3, 4, seed=3)
-    a = model.generate(prompt, 20, generator=torch.Generator().manual_seed(5), use_cache=True, **knobs)
-    b = model.generate(prompt, 20, generator=torch.Generator().manual_seed(5), use_cache=False, **knobs)
-    assert a.shape == (3, 24) and torch.equal(a[:, :4], prompt)
-    assert torch.equal(a, b)
-
-
-def test_top_k_1_is_greedy():
-    model = make_model()
-    ids = rand_ids(2, 3)
-    out = model.generate(ids, 10, top_k=1)
-    expected = ids
-    for _ in range(10):
-        expected = torch.cat([expected, model(expected)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(out, expected)
-
-
-def test_generate_draws_one_multinomial_per_step_from_the_generator():
-    model = make_model()
-    ids = rand_ids(2, 3)
-    g = torch.Generator().manual_seed(11)
-    out = model.generate(ids, 6, temperature=0.9, top_p=0.9, generator=g)
-    g2 = torch.Generator().manual_seed(11)
-    mine = ids
-    for _ in range(6):  # a learner's sampler: same filter, one draw per step for the batch
-        probs = torch.softmax(filter_logits(model(mine)[:, -1], 0.9, None, 0.9).float(), dim=-1)
-        mine = torch.cat([mine, torch.multinomial(probs, 1, generator=g2)], dim=1)
-    assert torch.equal(out, mine)
-    assert torch.equal(g.get_state(), g2.get_state())
-
-
-def lively_model(seed=0, **overrides):
-    """A tiny GPT with std-1 weights: its logits change a lot with the position and the context, so a
-    step that reuses stale logits, or a position off by one, changes the tokens."""
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig.tiny(V, max_len=8, **overrides)).to(DT).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 1.0)
-    return model
-
-
-def cropped_reference(model, ids, n_new):
-    """Greedy generation written as nanoGPT does: the full model on the last max_len tokens, each step."""
-    out = ids
-    special = list(model.config.special_ids)
-    for _ in range(n_new):
-        logits = model(out[:, -model.config.max_len:])[:, -1]  # (B, V)
-        logits[:, special] = -math.inf
-        out = torch.cat([out, logits.argmax(-1, keepdim=True)], dim=1)
-    return out
-
-
-@pytest.mark.parametrize("seed", range(2))
-@pytest.mark.parametrize("prompt_len", [1, 8])
-def test_generate_runs_past_max_len_with_the_cropped_context(seed, prompt_len):
-    model = lively_model(seed, special_ids=(0,))
-    prompt = rand_ids(2, prompt_len, seed=seed)
-    n_new = 3 * model.config.max_len
-    expected = cropped_reference(model, prompt, n_new)
-    for use_cache in (True, False):
-        out = model.generate(prompt, n_new, top_k=1, use_cache=use_cache)
-        assert out.shape == (2, prompt_len + n_new)
-        assert torch.equal(out, expected), use_cache
-
-
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("knobs", [dict(top_k=1), dict(temperature=2.0), dict(top_p=0.9)])
-def test_generate_cached_equals_uncached_on_a_lively_model(seed, knobs):
-    """Every step's logits, the last one included, come from the newest token at its own position."""
-    model = lively_model(seed)
-    prompt = rand_ids(3, 2, seed=seed)
-    for n_new in (1, 2, 5, 6):  # the cache fills up exactly at max_len = 8 tokens
-        a = model.generate(prompt, n_new, generator=torch.Generator().manual_seed(seed), use_cache=True, **knobs)
-        b = model.generate(prompt, n_new, generator=torch.Generator().manual_seed(seed), use_cache=False, **knobs)
-        assert torch.equal(a, b), n_new
-
-
-def test_generate_never_samples_the_special_ids():
-    model, vocab = load_course_gpt()
-    assert model.config.special_ids == (vocab.pad_id, vocab.bos_id, vocab.eos_id) == (0, 1, 2)
-    prompt = torch.tensor([vocab.encode("ROMEO:")])
-    out = model.generate(prompt, 150, temperature=100.0, generator=torch.Generator().manual_seed(0))
-    new = out[0, prompt.shape[1]:]
-    assert not torch.isin(new, torch.tensor([0, 1, 2])).any()
-    assert len(set(new.tolist())) > 20  # near-uniform draws: without the rule, specials would appear
-    # a config of its own: the ids it names are never drawn either
-    tiny = GPT(GPTConfig.tiny(V, special_ids=(3, 4)))
-    out = tiny.generate(rand_ids(4, 2), 60, temperature=50.0, generator=torch.Generator().manual_seed(1))
-    assert not torch.isin(out[:, 2:], torch.tensor([3, 4])).any()
-
-
 def test_special_ids_are_checked():
     with pytest.raises(ValueError, match=r"each of special_ids \(a token id\) must be an int in \[0, 10\], got 11"):
         GPTConfig.tiny(V, special_ids=(1, 11))
@@ -226,98 +129,6 @@ def test_special_ids_are_checked():
     with pytest.raises(TypeError, match="special_ids must be a tuple of token ids, got int"):
         GPTConfig.tiny(V, special_ids=2)
     assert GPTConfig.tiny(V, special_ids=[2, 1, 2]).special_ids == (1, 2)
-
-
-def test_generate_restores_training_mode_and_zero_new_tokens():
-    model = make_model().train()
-    ids = rand_ids(1, 4)
-    assert torch.equal(model.generate(ids, 0), ids)
-    assert model.training
-
-
-# --- filter_logits -----------------------------------------------------------------------------
-
-def reference_filter(logits, temperature, top_k, top_p):
-    """One row, in plain Python: the semantics of DESIGN.md written out."""
-    x = [v / temperature for v in logits]
-    keep = [True] * len(x)
-    if top_k is not None:
-        order = sorted(range(len(x)), key=lambda i: -x[i])  # stable: ties keep index order
-        keep = [i in set(order[:top_k]) for i in range(len(x))]
-    if top_p is not None and top_p < 1.0:
-        m = max(x[i] for i in range(len(x)) if keep[i])
-        e = [math.exp(x[i] - m) if keep[i] else 0.0 for i in range(len(x))]
-        p = [v / sum(e) for v in e]
-        order = sorted(range(len(x)), key=lambda i: -p[i])
-        total, kept = 0.0, set()
-        for i in order:
-            if total >= top_p and kept:
-                break
-            kept.add(i)
-            total += p[i]
-        keep = [keep[i] and i in kept for i in range(len(x))]
-    return [x[i] if keep[i] else -math.inf for i in range(len(x))]
-
-
-@settings(max_examples=200, deadline=None)
-@given(logits=st.lists(st.floats(-8, 8, allow_nan=False).map(lambda v: round(v, 3)), min_size=1, max_size=12,
-                       unique=True),
-       temperature=st.sampled_from([0.5, 1.0, 2.0]), top_k=st.one_of(st.none(), st.integers(1, 14)),
-       top_p=st.one_of(st.none(), st.sampled_from([0.1, 0.5, 0.9, 0.999, 1.0])))
-def test_filter_logits_semantics(logits, temperature, top_k, top_p):
-    out = filter_logits(torch.tensor(logits, dtype=DT), temperature, top_k, top_p)
-    expected = torch.tensor(reference_filter(logits, temperature, top_k, top_p), dtype=DT)
-    assert torch.equal(torch.isinf(out), torch.isinf(expected))
-    kept = ~torch.isinf(out)
-    assert kept.any()  # at least one token always stays
-    assert torch.allclose(out[kept], expected[kept], rtol=0, atol=1e-12)
-    if top_k is not None:
-        assert int(kept.sum()) <= top_k
-
-
-def test_filter_logits_top_p_examples():
-    probs = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=DT)
-    kept = lambda p: (~torch.isinf(filter_logits(probs.log(), top_p=p))).tolist()  # noqa: E731
-    assert kept(0.45) == [True, False, False, False]  # the first token alone reaches 0.45
-    assert kept(0.6) == [True, True, False, False]  # the token that crosses 0.6 is kept
-    assert kept(0.01) == [True, False, False, False]  # at least one
-    assert kept(1.0) == [True, True, True, True]
-    batch = filter_logits(torch.stack([probs.log(), probs.flip(0).log()]), top_p=0.6)  # rows apart
-    assert (~torch.isinf(batch)).tolist() == [[True, True, False, False], [False, False, True, True]]
-
-
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(temperature=0.0), "temperature"), (dict(temperature=-1.0), "temperature"),
-    (dict(top_k=0), "top_k"), (dict(top_k=2.5), "top_k"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
-])
-def test_filter_logits_bad_knobs(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        filter_logits(torch.zeros(5), **kwargs)
-
-
-def test_filter_logits_computes_in_float32_at_least():
-    logits = torch.tensor([[3.0, 1.0, -2.0, 0.5]], dtype=torch.float16)
-    out = filter_logits(logits, temperature=1e-4)
-    assert out.dtype == torch.float32 and torch.isfinite(out).all()
-    assert torch.softmax(out, -1)[0, 0] == 1.0  # the largest logit takes it all, no NaN
-    assert filter_logits(logits.double(), 0.5).dtype == torch.float64
-
-
-def test_filter_logits_refuses_nan():
-    with pytest.raises(ValueError, match=r"logits hold NaN \(first at index \(1, 2\) of \(2, 4\)\)"):
-        filter_logits(torch.tensor([[0.0, 1.0, 2.0, 3.0], [0.0, 1.0, math.nan, 3.0]]), top_p=0.5)
-
-
-def test_filter_logits_keeps_inf_tokens_under_top_p():
-    logits = torch.tensor([[0.0, math.inf, 5.0, math.inf], [1.0, 2.0, 3.0, 4.0]])
-    out = filter_logits(logits, top_p=0.6)  # the two +inf tokens share the row's probability, 0.5 each
-    assert torch.isposinf(out[0, [1, 3]]).all() and torch.isneginf(out[0, [0, 2]]).all()
-    assert (~torch.isinf(out[1])).tolist() == [False, False, False, True]
-
-
-def test_filter_logits_bad_logits():
-    with pytest.raises(ValueError, match="floating"):
-        filter_logits(torch.zeros(5, dtype=torch.long))
 
 
 # --- bad input -----------------------------------------------------------------------------------

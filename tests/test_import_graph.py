@@ -1,4 +1,5 @@
-"""The import graph of helpers/ (its top-level modules): no circle, so no module imports one that imports it."""
+"""The import graph of helpers/ (its top-level modules): no circle, so no module imports one that imports it;
+and importing any module of the package has no side effect."""
 
 import ast
 from pathlib import Path
@@ -68,3 +69,24 @@ def test_shared_modules_import_no_model():
     models = {"transformer", "gpt", "pretrained", "rnn"}
     for low in ("_validate", "layers", "decoding", "masks", "positional", "attention"):
         assert not edges[low] & models, (low, edges[low] & models)
+
+
+def test_import_has_no_side_effects():
+    """Every module of the package, found by walking it (so a new one is covered too)."""
+    import importlib.util
+    import pkgutil
+    import subprocess
+    import sys
+
+    import helpers
+
+    # A module that exists to hold code for an optional package is imported only where it is installed.
+    needs = {"helpers._flash_triton": "triton"}
+    modules = sorted(m.name for m in pkgutil.walk_packages(helpers.__path__, "helpers.")
+                     if m.name not in needs or importlib.util.find_spec(needs[m.name]) is not None)
+    assert {"helpers.rnn", "helpers.transformer", "helpers.sdpa_kernels", "helpers.checks"} <= set(modules)
+    code = "import torch; s = torch.random.get_rng_state(); import helpers, " + ", ".join(modules) + \
+           "; assert torch.equal(s, torch.random.get_rng_state())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and done.stderr == ""

@@ -1,14 +1,13 @@
-"""The KV cache inside the model (lesson 09): one attention module's cache, grouped-query attention,
-and the Transformer's cached decoding against its uncached forward."""
+"""The KV cache (lesson 09): one attention module's cache (helpers.attention.KVCache), and the Transformer's
+decode cache against its uncached forward."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention, softmax
-from helpers.masks import cached_causal_mask, causal_mask, padding_mask_from_ids
+from helpers.attention import KVCache, MultiHeadAttention
+from helpers.masks import cached_causal_mask, causal_mask
 from helpers.transformer import Transformer, TransformerConfig
 
 DT = torch.float64
@@ -22,45 +21,6 @@ def mha(seed, d_model=16, n_heads=4, n_kv_heads=None):
 
 def rand(*shape, seed=0):
     return torch.randn(*shape, dtype=DT, generator=torch.Generator().manual_seed(seed))
-
-
-# --- grouped-query attention -----------------------------------------------------------------------------
-
-@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
-def test_grouped_query_attention_equals_torch_with_enable_gqa(n_kv_heads):
-    module = mha(0, n_kv_heads=n_kv_heads)
-    assert module.w_k.weight.shape == (n_kv_heads * 4, 16) and module.w_v.weight.shape == (n_kv_heads * 4, 16)
-    x, mem = rand(2, 5, 16, seed=1), rand(2, 7, 16, seed=2)
-    mask = padding_mask_from_ids(torch.tensor([[3, 4, 5, 6, 7, 0, 0], [1, 2, 3, 4, 5, 6, 7]]), PAD)  # (B, 1, 1, S)
-    out, weights = module(x, mem, mem, mask=mask)
-    q = module.w_q(x).view(2, 5, 4, 4).transpose(1, 2)  # (B, H, T, D)
-    k = module.w_k(mem).view(2, 7, n_kv_heads, 4).transpose(1, 2)  # (B, Hkv, S, D)
-    v = module.w_v(mem).view(2, 7, n_kv_heads, 4).transpose(1, 2)
-    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # (B, H, T, D)
-    expected = module.w_o(theirs.transpose(1, 2).reshape(2, 5, 16))
-    assert (out - expected).abs().max() < 1e-12
-    assert weights.shape == (2, 4, 5, 7)
-    fused, none = module(x, mem, mem, mask=mask, need_weights=False)
-    assert none is None and (fused - expected).abs().max() < 1e-12
-
-
-def test_query_heads_of_one_group_read_the_same_keys():
-    """With one KV head (multi-query) every head's weights come from the same keys: changing w_q of head 0
-    only changes head 0's weights."""
-    module = mha(1, n_kv_heads=1)
-    x = rand(1, 3, 16, seed=3)
-    _, before = module(x, x, x)
-    with torch.no_grad():
-        module.w_q.weight[:4] += 1.0  # the rows of query head 0
-    _, after = module(x, x, x)
-    assert not torch.allclose(before[:, 0], after[:, 0]) and torch.equal(before[:, 1:], after[:, 1:])
-
-
-def test_bad_n_kv_heads_are_refused():
-    with pytest.raises(ValueError, match="n_heads=4 is not divisible by n_kv_heads=3"):
-        MultiHeadAttention(16, 4, n_kv_heads=3)
-    with pytest.raises(ValueError, match="n_kv_heads must be a positive int, got 0"):
-        MultiHeadAttention(16, 4, n_kv_heads=0)
 
 
 # --- one module's cache ----------------------------------------------------------------------------------
@@ -150,6 +110,26 @@ def test_a_static_cache_keeps_every_step_the_same_shape():
     assert (torch.cat(outs, dim=1) - full).abs().max() < 1e-12
 
 
+def test_kv_cache_refuses_keys_and_values_that_differ():
+    with pytest.raises(ValueError, match=r"got k \(2, 4, 10, 8\) torch.float32 on cpu, v \(2, 4, 9, 8\)"):
+        KVCache(torch.zeros(2, 4, 10, 8), torch.zeros(2, 4, 9, 8))
+    with pytest.raises(ValueError, match="torch.float64"):
+        KVCache(torch.zeros(2, 4, 10, 8), torch.zeros(2, 4, 10, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"k must have shape \(B, n_kv_heads, max_len, head_dim\), got \(4, 10, 8\)"):
+        KVCache(torch.zeros(4, 10, 8), torch.zeros(4, 10, 8))
+
+
+def test_a_static_cache_without_a_mask_is_refused():
+    """It would attend to the slots not written yet (zeros): a silent wrong result."""
+    mha = MultiHeadAttention(16, 4)
+    cache = mha.new_cache(1, 8, static=True)
+    x = torch.randn(1, 1, 16)
+    with pytest.raises(ValueError, match="a static KVCache makes the queries attend to all its max_len=8 slots"):
+        mha(x, x, x, cache=cache)
+    mask = cached_causal_mask(cache.start(), 1, 8)  # with the mask it runs
+    assert mha(x, x, x, mask=mask, cache=cache)[0].shape == (1, 1, 16)
+
+
 # --- the Transformer's cached decoding --------------------------------------------------------------------
 
 def model_and_batch(seed, norm_first):
@@ -218,68 +198,42 @@ def test_cached_decode_checks_its_cache():
                                              r"\[1, 64\], got 100"):
             model.new_decode_cache(memory, 100)
 
-
-# --- masks from ids, and values that poison the output ----------------------------------------------------
-
-def test_padding_mask_from_ids():
-    ids = torch.tensor([[5, 6, 0, 0], [0, 3, 4, 0]])
-    mask = padding_mask_from_ids(ids, 0)
-    assert mask.shape == (2, 1, 1, 4) and mask[:, 0, 0].tolist() == [[True, True, False, False],
-                                                                     [False, True, True, False]]
-    with pytest.raises(TypeError, match="ids must hold integer token ids, got dtype torch.float32"):
-        padding_mask_from_ids(ids.float(), 0)
-    with pytest.raises(ValueError, match=r"ids must have shape \(B, S\), got \(4\)"):
-        padding_mask_from_ids(ids[0], 0)
+BOS, EOS = 1, 2
 
 
-def test_softmax_of_a_row_holding_plus_inf_is_its_limit_with_a_finite_gradient():
-    inf = float("inf")
-    x = torch.tensor([[0.0, inf, 0.0], [inf, 1.0, inf], [1.0, 2.0, 3.0]], dtype=DT, requires_grad=True)
-    p = softmax(x)
-    assert p[0].tolist() == [0.0, 1.0, 0.0] and p[1].tolist() == [0.5, 0.0, 0.5]
-    assert torch.allclose(p[2], torch.softmax(x[2], dim=-1))
-    (p * torch.arange(3, dtype=DT)).sum().backward()
-    assert torch.isfinite(x.grad).all()
-    assert torch.isnan(softmax(torch.tensor([1.0, float("nan")]))).all()  # NaN stays NaN, as in torch
+def tiny_model(seed, src_v=9, tgt_v=7, **overrides):
+    torch.manual_seed(seed)
+    return Transformer(TransformerConfig.tiny(src_v, tgt_v, **overrides)).to(DT).eval()
 
 
-def test_a_nan_in_a_masked_key_gives_no_nan_gradient():
-    q = rand(1, 2, 3, 4, seed=1).requires_grad_()
-    k, v = rand(1, 2, 5, 4, seed=2), rand(1, 2, 5, 4, seed=3)
-    k[..., 4, :] = float("nan")  # padding that nobody reads
-    v[..., 4, :] = float("inf")
-    mask = torch.tensor([True, True, True, True, False])[None, None, None, :]  # (1, 1, 1, S)
-    out, _ = scaled_dot_product_attention(q, k, v, mask=mask)
-    out.sum().backward()
-    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
-    q2 = q.detach().clone().requires_grad_()
-    ref = F.scaled_dot_product_attention(q2, k[..., :4, :], v[..., :4, :])
-    ref.sum().backward()
-    assert (out - ref).abs().max() < 1e-12 and (q.grad - q2.grad).abs().max() < 1e-12
+def source(seed, B, S, V, n_pad=0):
+    src = torch.randint(3, V, (B, S), generator=torch.Generator().manual_seed(seed))  # (B, S)
+    if n_pad:
+        src[0, S - n_pad:] = PAD  # the first row is shorter: padded keys in the cross-attention
+    return src
 
 
-def test_cached_causal_mask_shifts_the_causal_mask_by_the_cached_positions():
-    assert torch.equal(cached_causal_mask(0, 5, 5), causal_mask(5))
-    assert torch.equal(cached_causal_mask(3, 2, 5), causal_mask(5)[3:])  # the last two rows of the full mask
-    assert torch.equal(cached_causal_mask(torch.tensor(3), 2, 7)[:, :5], causal_mask(5)[3:])  # a static cache's slots
-    assert not cached_causal_mask(torch.tensor(3), 2, 7)[:, 5:].any()  # slots not written yet
+@pytest.mark.parametrize("static", [False, True])
+def test_cached_decode_logits_equal_full_decoder_at_every_step(static):
+    model = tiny_model(3, norm_first=False)
+    src = source(3, 2, 5, 9, n_pad=1)
+    ys = torch.tensor([[BOS, 4, 5, 6, 3, 4], [BOS, 6, 6, 5, 4, 3]])  # (B, T): a fixed target prefix
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        cache = model.new_decode_cache(memory, max_len=ys.shape[1], static=static)
+        for t in range(ys.shape[1]):
+            step = model.decode(ys[:, t:t + 1], None, src_mask, cache=cache)[:, -1]  # (B, V)
+            full = model.decode(ys[:, :t + 1], memory, src_mask)[:, -1]  # (B, V)
+            assert (step - full).abs().max().item() < 1e-12
+        assert cache.length == ys.shape[1]
+        with pytest.raises(ValueError, match=r"the cache holds max_len=6 positions and 6 are stored: 1 more"):
+            model.decode(ys[:, :1], None, src_mask, cache=cache)
 
 
-def test_kv_cache_refuses_keys_and_values_that_differ():
-    with pytest.raises(ValueError, match=r"got k \(2, 4, 10, 8\) torch.float32 on cpu, v \(2, 4, 9, 8\)"):
-        KVCache(torch.zeros(2, 4, 10, 8), torch.zeros(2, 4, 9, 8))
-    with pytest.raises(ValueError, match="torch.float64"):
-        KVCache(torch.zeros(2, 4, 10, 8), torch.zeros(2, 4, 10, 8, dtype=torch.float64))
-    with pytest.raises(ValueError, match=r"k must have shape \(B, n_kv_heads, max_len, head_dim\), got \(4, 10, 8\)"):
-        KVCache(torch.zeros(4, 10, 8), torch.zeros(4, 10, 8))
-
-
-def test_a_static_cache_without_a_mask_is_refused():
-    """It would attend to the slots not written yet (zeros): a silent wrong result."""
-    mha = MultiHeadAttention(16, 4)
-    cache = mha.new_cache(1, 8, static=True)
-    x = torch.randn(1, 1, 16)
-    with pytest.raises(ValueError, match="a static KVCache makes the queries attend to all its max_len=8 slots"):
-        mha(x, x, x, cache=cache)
-    mask = cached_causal_mask(cache.start(), 1, 8)  # with the mask it runs
-    assert mha(x, x, x, mask=mask, cache=cache)[0].shape == (1, 1, 16)
+def test_decode_cache_shapes():
+    model = tiny_model(2, n_decoder_layers=3)
+    memory = torch.zeros(2, 5, 32, dtype=torch.float64)
+    cache = model.new_decode_cache(memory, max_len=10)
+    assert len(cache.self_attn) == len(cache.cross_attn) == 3
+    assert cache.self_attn[0].k.shape == (2, 4, 10, 8) and cache.cross_attn[2].v.shape == (2, 4, 5, 8)
+    assert cache.length == 0 and cache.cross_attn[0].length == 5 and cache.keep.shape == (2, 10)

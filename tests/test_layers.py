@@ -1,9 +1,10 @@
-"""helpers.layers (lesson 07): the residual sub-layer and where its norm and dropout sit."""
+"""helpers.layers (lesson 07): the feed-forward net, and the residual sub-layer with where its norm and dropout sit."""
 
 import pytest
 import torch
+from torch import nn
 
-from helpers.layers import Residual
+from helpers.layers import FeedForward, Residual
 
 DT = torch.float64
 
@@ -40,3 +41,11 @@ def test_layers_keep_their_state_dict_and_printout():
     assert [name for name, _ in dec.named_children()] == ["self_attn", "cross_attn", "ff", "norm1", "norm2",
                                                          "norm3", "dropout"]
     assert "Residual" not in repr(enc) and enc.residual.dropout is enc.dropout
+
+
+def test_feed_forward_is_relu_between_two_linears():
+    ff = FeedForward(6, 10).to(DT)
+    x = torch.randn(2, 3, 6, dtype=DT, generator=torch.Generator().manual_seed(0))
+    expected = ff.linear2(torch.relu(ff.linear1(x)))
+    assert torch.allclose(ff(x), expected, atol=1e-10)
+    assert isinstance(ff.dropout, nn.Dropout)

@@ -1,4 +1,4 @@
-"""Properties of the masks of lesson 05 (helpers.masks) against loops and PyTorch."""
+"""helpers.masks: the masks of lessons 05 and 09 by hand, and their properties against loops and PyTorch."""
 
 
 import pytest
@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 from helpers.attention import MultiHeadAttention, scaled_dot_product_attention
-from helpers.masks import causal_mask, dilated_mask, padding_mask, sliding_window_mask
+from helpers.masks import (
+    cached_causal_mask,
+    causal_mask,
+    dilated_mask,
+    padding_mask,
+    padding_mask_from_ids,
+    sliding_window_mask,
+)
 
 
 def tensor(seed, *shape):
@@ -117,3 +124,51 @@ def test_mask_errors_name_the_values():
         sliding_window_mask(3, -1)
     with pytest.raises(ValueError, match=r"dilation must be a positive int, got True"):
         dilated_mask(3, 2, True)
+
+
+# --- mask values by hand --------------------------------------------------------------------------
+
+def test_causal_mask_values():
+    m = causal_mask(4)
+    assert m.dtype == torch.bool and m.shape == (4, 4)
+    assert m.tolist() == [[True, False, False, False], [True, True, False, False],
+                          [True, True, True, False], [True, True, True, True]]
+
+
+
+def test_padding_mask_values():
+    m = padding_mask([3, 1, 0], 4)
+    assert m.shape == (3, 1, 1, 4)
+    assert m[:, 0, 0].tolist() == [[True, True, True, False], [True, False, False, False],
+                                   [False, False, False, False]]
+
+
+
+def test_causal_and_padding_mask_errors_name_the_values():
+    with pytest.raises(ValueError, match=r"T must be a positive int, got 0"):
+        causal_mask(0)
+    with pytest.raises(ValueError, match=r"every length must lie in \[0, S=4\], got \[5\] at batch positions \[1\]"):
+        padding_mask([2, 5], 4)
+    with pytest.raises(ValueError, match=r"lengths must be a 1-D sequence of ints"):
+        padding_mask(torch.tensor([1.5]), 4)
+
+
+# --- masks from ids, and the cached causal mask ---------------------------------------------------
+
+def test_padding_mask_from_ids():
+    ids = torch.tensor([[5, 6, 0, 0], [0, 3, 4, 0]])
+    mask = padding_mask_from_ids(ids, 0)
+    assert mask.shape == (2, 1, 1, 4) and mask[:, 0, 0].tolist() == [[True, True, False, False],
+                                                                     [False, True, True, False]]
+    with pytest.raises(TypeError, match="ids must hold integer token ids, got dtype torch.float32"):
+        padding_mask_from_ids(ids.float(), 0)
+    with pytest.raises(ValueError, match=r"ids must have shape \(B, S\), got \(4\)"):
+        padding_mask_from_ids(ids[0], 0)
+
+
+
+def test_cached_causal_mask_shifts_the_causal_mask_by_the_cached_positions():
+    assert torch.equal(cached_causal_mask(0, 5, 5), causal_mask(5))
+    assert torch.equal(cached_causal_mask(3, 2, 5), causal_mask(5)[3:])  # the last two rows of the full mask
+    assert torch.equal(cached_causal_mask(torch.tensor(3), 2, 7)[:, :5], causal_mask(5)[3:])  # a static cache's slots
+    assert not cached_causal_mask(torch.tensor(3), 2, 7)[:, 5:].any()  # slots not written yet

@@ -267,3 +267,34 @@ def test_check_references_match_oracles():
     assert torch.allclose(_rotate_half(x), rope_complex(x[..., perm], torch.arange(9))[..., torch.argsort(perm)],
                           atol=1e-12)
     assert torch.equal(_alibi(3, 2.0), torch.tensor([[0.0, -2, -4], [-2, 0, -2], [-4, -2, 0]]))
+
+
+# --- the sinusoidal table by the formula ----------------------------------------------------------
+
+def test_sinusoidal_encoding_formula_and_interleaving():
+    pe = sinusoidal_encoding(50, 16)
+    assert pe.shape == (50, 16)
+    pos, i = 7, 3
+    angle = pos / 10000 ** (2 * i / 16)
+    assert math.isclose(pe[pos, 2 * i].item(), math.sin(angle), abs_tol=1e-6)
+    assert math.isclose(pe[pos, 2 * i + 1].item(), math.cos(angle), abs_tol=1e-6)
+    assert torch.equal(pe[0, 0::2], torch.zeros(8)) and torch.equal(pe[0, 1::2], torch.ones(8))
+
+
+
+def test_sinusoidal_encoding_rotation_identity():
+    """PE(pos + k) is a fixed rotation of PE(pos) in each (sin, cos) pair."""
+    d, k = 16, 5
+    pe = sinusoidal_encoding(60, d).double()
+    freqs = 1.0 / 10000 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    c, s = torch.cos(k * freqs), torch.sin(k * freqs)
+    sin_p, cos_p = pe[:-k, 0::2], pe[:-k, 1::2]
+    assert torch.allclose(pe[k:, 0::2], sin_p * c + cos_p * s, atol=1e-5)
+    assert torch.allclose(pe[k:, 1::2], cos_p * c - sin_p * s, atol=1e-5)
+
+
+
+def test_sinusoidal_odd_width_and_errors():
+    assert sinusoidal_encoding(3, 5).shape == (3, 5)
+    with pytest.raises(ValueError, match=r"d_model must be a positive int, got 0"):
+        sinusoidal_encoding(3, 0)

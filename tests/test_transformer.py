@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
@@ -13,11 +13,8 @@ from helpers.masks import causal_mask, padding_mask
 from helpers.transformer import (
     DecoderLayer,
     EncoderLayer,
-    FeedForward,
     Transformer,
     TransformerConfig,
-    beam_search,
-    greedy_decode,
 )
 
 DT = torch.float64
@@ -118,13 +115,6 @@ def test_config_rejects_non_bool_norm_first():
 
 
 # --- the blocks against PyTorch ---------------------------------------------------------------
-
-def test_feed_forward_is_relu_between_two_linears():
-    ff = FeedForward(6, 10).to(DT)
-    x = rand(2, 3, 6)
-    expected = ff.linear2(torch.relu(ff.linear1(x)))
-    assert torch.allclose(ff(x), expected, atol=TOL)
-    assert isinstance(ff.dropout, nn.Dropout)
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -300,143 +290,6 @@ def test_batch_mismatch_and_bad_memory_are_named():
         MODEL(ids(2, 3, SRC_V, 0), ids(3, 3, TGT_V, 1))
     with pytest.raises(ValueError, match="memory must have shape"):
         MODEL.decode(ids(2, 3, TGT_V, 1), rand(2, 4, 16))
-
-
-# --- decoding ---------------------------------------------------------------------------------
-
-def test_greedy_decode_layout_and_stops_at_eos():
-    src = ids(4, 6, SRC_V, 3)
-    out = greedy_decode(MODEL, src, BOS, EOS, max_len=12)
-    assert out.dtype == torch.long and out.shape[0] == 4 and 2 <= out.shape[1] <= 12
-    assert (out[:, 0] == BOS).all()
-    for row in out.tolist():
-        if EOS in row:
-            after = row[row.index(EOS) + 1:]
-            assert all(t == PAD for t in after)
-    # every row's tokens are the argmax of the model's logits on its own prefix
-    logits = MODEL(src, out[:, :-1])
-    pred = logits.argmax(-1)
-    for b, row in enumerate(out.tolist()):
-        end = row.index(EOS) if EOS in row else len(row) - 1
-        assert pred[b, :end].tolist() == row[1:end + 1]
-
-
-def test_greedy_decode_stops_once_every_row_has_eos():
-    model = make_model(seed=5)
-    with torch.no_grad():  # make eos the runaway favourite
-        model.head.bias.zero_()
-        model.head.bias[EOS] = 100.0
-    out = greedy_decode(model, ids(3, 4, SRC_V, 0), BOS, EOS, max_len=20)
-    assert out.tolist() == [[BOS, EOS]] * 3
-
-
-class Scripted(Transformer):
-    """A Transformer whose next-token distribution is written by hand, to test the decoders exactly.
-
-    encode() hands the source ids on as the "memory"; decode_step() looks up the last position's
-    distribution in ``table`` (prefix -> {token: probability}) or, without a table, emits eos once
-    the prefix is as long as the row's first source id and token 3 before that.
-    """
-
-    def __init__(self, table=None):
-        super().__init__(TransformerConfig.tiny(SRC_V, TGT_V))
-        self.table = table
-
-    def encode(self, src):
-        return src.to(DT)[..., None], torch.ones(src.shape[0], 1, 1, src.shape[1], dtype=torch.bool)
-
-    def decode_step(self, tgt, cache):
-        B, T, memory = *tgt.shape, cache.memory
-        logits = torch.full((B, T, TGT_V), -1e9, dtype=DT)  # (B, T, V)
-        for b, row in enumerate(tgt.tolist()):
-            if self.table is None:
-                logits[b, -1, EOS if T >= memory[b, 0, 0] else 3] = 0.0
-            else:
-                for token, prob in self.table.get(tuple(row), {EOS: 1.0}).items():  # unlisted: stop
-                    logits[b, -1, token] = torch.log(torch.tensor(prob, dtype=DT))
-        return logits
-
-
-def test_greedy_decode_pads_rows_that_finished_early():
-    out = greedy_decode(Scripted(), torch.tensor([[1], [3], [2]]), BOS, EOS, max_len=10)
-    assert out.tolist() == [[BOS, EOS, PAD, PAD], [BOS, 3, 3, EOS], [BOS, 3, EOS, PAD]]
-    cut = greedy_decode(Scripted(), torch.tensor([[1], [9]]), BOS, EOS, max_len=4)  # row 1 hits max_len
-    assert cut.tolist() == [[BOS, EOS, PAD, PAD], [BOS, 3, 3, 3]]
-
-
-A, B_ = 4, 5
-BEAM_TABLE = {(BOS,): {EOS: 0.4, A: 0.6}, (BOS, A): {EOS: 0.6, B_: 0.4}, (BOS, A, B_): {EOS: 1.0}}
-
-
-@pytest.mark.parametrize("beam_size, alpha, expected", [
-    (1, 0.0, [BOS, A, EOS]),  # greedy: 0.6 * 0.6 = 0.36
-    (4, 0.0, [BOS, EOS]),  # the beam finds the more likely short answer, 0.4
-    (4, 3.0, [BOS, A, B_, EOS]),  # a strong length penalty favours the longest: log(0.24) / (8/6)^3
-])
-def test_beam_search_on_a_hand_written_distribution(beam_size, alpha, expected):
-    out = beam_search(Scripted(BEAM_TABLE), torch.tensor([[3]]), BOS, EOS, max_len=6,
-                      beam_size=beam_size, length_penalty=alpha)
-    assert out[0].tolist() == expected
-
-
-def test_decoders_restore_training_mode():
-    model = make_model(dropout=0.2).train()
-    greedy_decode(model, ids(1, 3, SRC_V, 0), BOS, EOS, 5)
-    beam_search(model, ids(1, 3, SRC_V, 0), BOS, EOS, 5)
-    assert model.training
-
-
-@settings(max_examples=15)  # each example decodes up to 10 steps twice
-@given(seed=st.integers(0, 10_000), B=st.integers(1, 3))
-def test_beam_size_one_equals_greedy(seed, B):
-    src = ids(B, 5, SRC_V, seed)
-    src[0, 3:] = PAD
-    g = greedy_decode(MODEL, src, BOS, EOS, max_len=10)
-    b = beam_search(MODEL, src, BOS, EOS, max_len=10, beam_size=1)
-    assert torch.equal(g, b)
-
-
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 3.0])
-def test_exhaustive_beam_finds_the_best_normalised_hypothesis(alpha):
-    """With a beam wider than the whole search space, beam search must return the brute-force optimum."""
-    src = ids(1, 5, SRC_V, 4)
-    lp = lambda n: ((5 + n) / 6) ** alpha  # noqa: E731  (Wu et al. 2016, |Y| = tokens after BOS)
-    logp1 = torch.log_softmax(MODEL(src, torch.tensor([[BOS]]))[0, 0], -1)  # (V,)
-    candidates = {(BOS, EOS): logp1[EOS].item() / lp(1)}
-    for y1 in range(TGT_V):
-        if y1 == EOS:
-            continue
-        logp2 = torch.log_softmax(MODEL(src, torch.tensor([[BOS, y1]]))[0, 1], -1)  # (V,)
-        for y2 in range(TGT_V):  # max_len 3: either ends in eos or is cut off at length 3
-            candidates[(BOS, y1, y2)] = (logp1[y1] + logp2[y2]).item() / lp(2)
-    best = max(candidates, key=candidates.get)
-    out = beam_search(MODEL, src, BOS, EOS, max_len=3, beam_size=200, length_penalty=alpha)
-    assert tuple(out[0].tolist()) == best
-
-
-def test_beam_search_batch_layout():
-    src = ids(3, 4, SRC_V, 2)
-    out = beam_search(MODEL, src, BOS, EOS, max_len=9, beam_size=3)
-    assert out.shape[0] == 3 and out.shape[1] <= 9 and (out[:, 0] == BOS).all()
-    for b in range(3):  # each row is what searching that example alone gives
-        alone = beam_search(MODEL, src[b:b + 1], BOS, EOS, max_len=9, beam_size=3)[0]
-        assert out[b, :alone.shape[0]].tolist() == alone.tolist()
-
-
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(max_len=1), ["max_len", "1"]),
-    (dict(max_len=65), ["max_len", "64"]),
-    (dict(bos_id=PAD), ["bos_id", "pad_id"]),
-    (dict(eos_id=TGT_V), ["eos_id", str(TGT_V)]),
-])
-def test_decode_arguments_are_checked(kwargs, words):
-    args = dict(bos_id=BOS, eos_id=EOS, max_len=5) | kwargs
-    with pytest.raises(ValueError) as err:
-        greedy_decode(MODEL, ids(1, 3, SRC_V, 0), **args)
-    for w in words:
-        assert w in str(err.value)
-    with pytest.raises(ValueError, match="beam_size"):
-        beam_search(MODEL, ids(1, 3, SRC_V, 0), BOS, EOS, 5, beam_size=0)
 
 
 # --- dropout: where it fires in train mode, and that eval mode has none --------------------------
