@@ -185,6 +185,22 @@ def check_ids(ids, name: str, vocab_size: int, max_len: int | None = None, devic
                          f"vocabulary of size {vocab_size} (valid ids are 0..{vocab_size - 1})")
 
 
+def check_id_stream(ids, name: str, vocab_size: int | None = None, min_len: int = 2) -> None:
+    """Raise a ValueError unless ``ids`` is a text as one stream of token ids (lesson 12): a 1-D integer tensor
+    of at least ``min_len`` ids, each in [0, vocab_size) when vocab_size is given. The batches of
+    ``check_ids`` are cut from such a stream."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool \
+            or ids.numel() < min_len:
+        got = f"{shape_str(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"{name} must be a 1-D integer tensor of at least {min_len} token ids, got {got}")
+    if vocab_size is not None:
+        bad = (ids < 0) | (ids >= vocab_size)
+        if bad.any():
+            i = int(bad.nonzero()[0])
+            raise ValueError(f"{name}[{i}] = {int(ids[i])} is not a token id of a vocabulary of size {vocab_size} "
+                             f"(valid ids are 0..{vocab_size - 1})")
+
+
 def check_qkv(q, k, v, mask=None, dropout_p: float = 0.0) -> None:
     """Check the arguments of one attention call: q (..., T, D), k (..., S, D), v (..., S, Dv) of one
     dtype and device, batch dimensions that broadcast, D >= 1, S >= 1; the mask; dropout_p in [0, 1)."""

@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from helpers._validate import as_int, check_heads, require_choice
+from helpers._validate import as_int, check_heads, positive_int, require_choice
 from helpers.plot import ROLE_COLORS, mask_cmap
 
 __all__ = ["seq2seq_diagram", "rnn_vs_attention_path_diagram", "qkv_diagram", "softmax_gradient_diagram",
@@ -62,17 +62,9 @@ def _frame(column: int, times: int) -> str:
 # --- validation --------------------------------------------------------------------------------
 
 
-def _positive_int(name: str, value, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"{name}={value} is too many to draw legibly; the most this diagram draws is {maximum}")
-    return int(value)
-
-
 def _heads(d_model, n_heads) -> int:
-    d_model = _positive_int("d_model", d_model)
-    n_heads = _positive_int("n_heads", n_heads)
+    d_model = positive_int(d_model, "d_model")
+    n_heads = positive_int(n_heads, "n_heads")
     check_heads(d_model, n_heads)
     return d_model // n_heads
 
@@ -97,7 +89,7 @@ def _sizes(config, **given):
             value = getattr(config, name, None)
         if value is None:
             raise ValueError(f"{name} is missing: pass a TransformerConfig as config or {name}=...")
-        out[name] = value if name in ("d_model", "n_heads") else _positive_int(name, value)
+        out[name] = value if name in ("d_model", "n_heads") else positive_int(value, name)
     if "d_model" in out and "n_heads" in out:
         out["D"] = _heads(out["d_model"], out["n_heads"])
     return out
@@ -208,14 +200,14 @@ def seq2seq_diagram(source, target, weights=None, hidden_size=None, values="stat
     require_choice(values, "values", ("states", "embeddings"))
     src = _labels("source", range(source), source, "{}") if isinstance(source, int) else [str(t) for t in source]
     tgt = _labels("target", range(target), target, "{}") if isinstance(target, int) else [str(t) for t in target]
-    S, T = _positive_int("len(source)", len(src), 40), _positive_int("len(target)", len(tgt), 40)
+    S, T = as_int(len(src), "len(source)", 1, 40), as_int(len(tgt), "len(target)", 1, 40)
     if weights is not None:
         w = np.asarray(weights.detach().cpu() if hasattr(weights, "detach") else weights, dtype=float)
         if w.shape != (T, S):
             raise ValueError(f"weights must have shape (T, S) = ({T}, {S}), got {w.shape}")
     else:
         w = np.full((T, S), 1.0 / S)
-    hid = "" if hidden_size is None else f", {_positive_int('hidden_size', hidden_size)} numbers"
+    hid = "" if hidden_size is None else f", {positive_int(hidden_size, 'hidden_size')} numbers"
     width = 10.5
     fig, ax = canvas(width, 8.7, f"RNN encoder-decoder, S = {S} source tokens, T = {T} output steps")
     def half(y0, attention):
@@ -271,7 +263,7 @@ def seq2seq_diagram(source, target, weights=None, hidden_size=None, values="stat
 
 def rnn_vs_attention_path_diagram(T, tokens=None):
     """An RNN's T sequential steps (path length T - 1) beside self-attention's one step (lesson 02)."""
-    T = _positive_int("T", T, 24)
+    T = as_int(T, "T", 1, 24)
     labels = _labels("tokens", tokens, T, "x{}")
     width = 10.0
     fig, ax = canvas(width, 5.8, f"How far apart are the first and the last of T = {T} tokens?")
@@ -302,8 +294,8 @@ def rnn_vs_attention_path_diagram(T, tokens=None):
 
 def qkv_diagram(T, C, D, query_index=None, S=None):
     """One query's journey: X -> W_Q, W_K, W_V -> scores -> / sqrt(D) -> softmax -> sum of values (lesson 02)."""
-    T, C, D = _positive_int("T", T), _positive_int("C", C), _positive_int("D", D)
-    S = T if S is None else _positive_int("S", S)
+    T, C, D = positive_int(T, "T"), positive_int(C, "C"), positive_int(D, "D")
+    S = T if S is None else positive_int(S, "S")
     t = T - 1 if query_index is None else query_index
     t = as_int(t, "query_index (a position in [0, T))", 0, T - 1)
     self_attn = "self-attention, S = T" if S == T else "S keys from another sequence"
@@ -349,7 +341,7 @@ def softmax_gradient_diagram(d_k, S=8, seed=0):
     The query and keys have d_k independent standard-normal components, drawn from numpy's generator
     ``seed``: unscaled scores have standard deviation sqrt(d_k), scaled ones 1.
     """
-    d_k, S = _positive_int("d_k", d_k), _positive_int("S", S, 64)
+    d_k, S = positive_int(d_k, "d_k"), as_int(S, "S", 1, 64)
     rng = np.random.default_rng(seed)
     q, k = rng.standard_normal(d_k), rng.standard_normal((S, d_k))
     scores = k @ q  # (S,)
@@ -387,7 +379,7 @@ def softmax_gradient_diagram(d_k, S=8, seed=0):
 
 def multi_head_diagram(T, d_model, n_heads, B=1):
     """Split C into H heads of D, attend per head, concatenate, W_o: (B, T, C) -> (B, H, T, D) (lesson 04)."""
-    T, B = _positive_int("T", T), _positive_int("B", B)
+    T, B = positive_int(T, "T"), positive_int(B, "B")
     D = _heads(d_model, n_heads)
     H, C = n_heads, d_model
     fig, ax = canvas(11.0, 5.6, f"multi-head attention: B = {B}, T = {T}, C = d_model = {C}, "
@@ -442,8 +434,8 @@ def mask_diagram(T, length, tokens=None):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    T = _positive_int("T", T, 24)
-    length = _positive_int("length", length)
+    T = as_int(T, "T", 1, 24)
+    length = positive_int(length, "length")
     if length > T:
         raise ValueError(f"length={length} real tokens cannot exceed the padded length T={T}")
     labels = _labels("tokens", tokens, T, "{}") if tokens is None or len(tokens) == T else None
@@ -482,11 +474,11 @@ def positional_rotation_diagram(d_model, pair=0, n_positions=8, m=1, n=3, shift=
     """A sinusoid pair as a point turning on a circle; RoPE turning q and k so q.k depends on n - m (lesson 06)."""
     import matplotlib.pyplot as plt
 
-    d_model = _positive_int("d_model", d_model)
+    d_model = positive_int(d_model, "d_model")
     if d_model % 2:
         raise ValueError(f"d_model must be even (sin/cos pairs), got {d_model}")
     pair = as_int(pair, "pair (in [0, d_model / 2))", 0, d_model // 2 - 1)
-    n_positions = _positive_int("n_positions", n_positions, 16)
+    n_positions = as_int(n_positions, "n_positions", 1, 16)
     for name, v in (("m", m), ("n", n), ("shift", shift)):
         as_int(v, f"{name} (a position)", minimum=0)
     omega = base ** (-2 * pair / d_model)
@@ -599,8 +591,8 @@ def encoder_decoder_diagram(config, S=None, T=None):
     C, H, D, F = sz["d_model"], sz["n_heads"], sz["D"], sz["d_ff"]
     n_enc, n_dec = sz["n_encoder_layers"], sz["n_decoder_layers"]
     V_src, V_tgt = sz["src_vocab_size"], sz["tgt_vocab_size"]
-    S_txt = "S" if S is None else f"S = {_positive_int('S', S)}"
-    T_txt = "T" if T is None else f"T = {_positive_int('T', T)}"
+    S_txt = "S" if S is None else f"S = {positive_int(S, 'S')}"
+    T_txt = "T" if T is None else f"T = {positive_int(T, 'T')}"
     pre = bool(getattr(config, "norm_first", False))
     fig, ax = canvas(10.5, 8.6, f"encoder-decoder Transformer: C = {C}, H = {H} (D = {D}), d_ff = {F}, "
                      f"{n_enc} + {n_dec} layers, {'Pre' if pre else 'Post'}-LN")
@@ -673,8 +665,8 @@ def flash_tiles_diagram(T, S, D, block_q, block_k, causal=False, query_block=Non
     """
     from matplotlib.patches import Rectangle
 
-    T, S, D = _positive_int("T", T), _positive_int("S", S), _positive_int("D", D)
-    block_q, block_k = _positive_int("block_q", block_q), _positive_int("block_k", block_k)
+    T, S, D = positive_int(T, "T"), positive_int(S, "S"), positive_int(D, "D")
+    block_q, block_k = positive_int(block_q, "block_q"), positive_int(block_k, "block_k")
     n_q, n_k = -(-T // block_q), -(-S // block_k)
     if n_q > 16 or n_k > 16:
         raise ValueError(f"{n_q} x {n_k} tiles do not fit the drawing: use at most 16 blocks per side")
@@ -811,12 +803,11 @@ def kv_cache_diagram(n_steps, d_model, n_heads, n_layers=1, prompt_len=1):
     and the first step feeds ``<s>``); the cross-attention keys and values of the encoder memory are
     computed once and are not drawn.
     """
-    n_steps = _positive_int("n_steps", n_steps, 6)
-    empty = isinstance(prompt_len, (int, np.integer)) and not isinstance(prompt_len, bool) and prompt_len == 0
-    prompt_len = 0 if empty else _positive_int("prompt_len", prompt_len, 8)
+    n_steps = as_int(n_steps, "n_steps", 1, 6)
+    prompt_len = as_int(prompt_len, "prompt_len", 0, 8)
     if prompt_len + n_steps > 11:
         raise ValueError(f"prompt_len + n_steps = {prompt_len + n_steps} cache slots do not fit; draw at most 11")
-    n_layers = _positive_int("n_layers", n_layers)
+    n_layers = positive_int(n_layers, "n_layers")
     D = _heads(d_model, n_heads)
     H = n_heads
     width = 10.5
@@ -859,7 +850,7 @@ def gpt_diagram(config, T=None):
     C, H, D, F = sz["d_model"], sz["n_heads"], sz["D"], sz["d_ff"]
     n, V, L = sz["n_layers"], sz["vocab_size"], sz["max_len"]
     kv = getattr(config, "n_kv_heads", None) or H
-    T_txt = "T" if T is None else f"T = {_positive_int('T', T, L)}"
+    T_txt = "T" if T is None else f"T = {as_int(T, f'T (at most the context max_len={L})', 1, L)}"
     fig, ax = canvas(9.0, 8.0, f"decoder-only GPT: C = {C}, H = {H} (D = {D}), d_ff = {F}, {n} blocks, "
                      f"V = {V}, context {L}")
     x, w = 3.3, 4.0

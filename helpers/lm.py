@@ -15,23 +15,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from helpers._validate import as_int, positive_int, require_real, shape_str
+from helpers._validate import as_int, check_id_stream, positive_int, require_real, shape_str
 
 LOG_FILE = "gpt_shakespeare_log.json"  # the training log of the course's checkpoint, in data/
-
-
-def _ids(t, name: str, vocab_size: int | None = None, min_len: int = 2) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.is_floating_point() or t.dtype == torch.bool \
-            or t.numel() < min_len:
-        got = f"{shape_str(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"{name} must be a 1-D integer tensor of at least {min_len} token ids, got {got}")
-    if vocab_size is not None:
-        bad = (t < 0) | (t >= vocab_size)
-        if bad.any():
-            i = int(bad.nonzero()[0])
-            raise ValueError(f"{name}[{i}] = {int(t[i])} is not a token id of a vocabulary of size {vocab_size} "
-                             f"(valid ids are 0..{vocab_size - 1})")
-    return t
 
 
 def parameter_count(config) -> int:
@@ -63,7 +49,7 @@ def spaced_windows(ids: torch.Tensor, block: int, n: int):
     the whole split rather than taken from its start.
     """
     block, n = positive_int(block, "block"), positive_int(n, "n")
-    ids = _ids(ids, "ids", min_len=block + 1)
+    check_id_stream(ids, "ids", min_len=block + 1)
     starts = torch.linspace(0, ids.numel() - block - 1, n).round().long()  # (n,)
     offsets = starts[:, None] + torch.arange(block)  # (n, block)
     return ids[offsets], ids[offsets + 1]
@@ -99,7 +85,7 @@ def bits_per_char(model, ids: torch.Tensor, block: int | None = None, batch_size
     block = max_len if block is None else block
     block = as_int(block, f"block (at most the model's context max_len={max_len})", 1, max_len)
     batch_size = positive_int(batch_size, "batch_size")
-    ids = _ids(ids, "ids", V)
+    check_id_stream(ids, "ids", V)
     n = (ids.numel() - 1) // block * block  # tokens predicted by whole windows
     total, count = 0.0, 0
     if n:
@@ -125,7 +111,8 @@ def ngram_bits_per_char(train_ids: torch.Tensor, eval_ids: torch.Tensor, vocab_s
     V = positive_int(vocab_size, "vocab_size")
     order = as_int(order, "order (1 unigram, 2 bigram, 3 trigram)", 1, 3)
     k = require_real(k, "k", 0, math.inf, "()", "a positive finite number", " (add-k smoothing)")
-    train_ids, eval_ids = _ids(train_ids, "train_ids", V), _ids(eval_ids, "eval_ids", V)
+    check_id_stream(train_ids, "train_ids", V)
+    check_id_stream(eval_ids, "eval_ids", V)
     bits = torch.empty(eval_ids.numel() - 1, dtype=torch.float64)  # one per predicted position 1..N-1
     N = eval_ids.numel()
     for n in range(1, order + 1):  # position i is predicted from its min(order - 1, i) characters before it

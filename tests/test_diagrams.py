@@ -127,7 +127,13 @@ def test_rope_panel_dot_products_are_equal():
 
 @pytest.mark.parametrize("call, message", [
     (lambda: diagrams.multi_head_diagram(8, 30, 4), "d_model=30 is not divisible by n_heads=4"),
-    (lambda: diagrams.qkv_diagram(0, 12, 4), "T must be a positive integer"),
+    (lambda: diagrams.qkv_diagram(0, 12, 4), "T must be a positive int, got 0"),
+    (lambda: diagrams.qkv_diagram(np.int64(3), 12.0, 4), "C must be a positive int, got 12.0"),
+    (lambda: diagrams.mask_diagram(25, 3), "T must be an int in [1, 24], got 25"),
+    (lambda: diagrams.kv_cache_diagram(2, 64, 4, prompt_len=-1), "prompt_len must be an int in [0, 8], got -1"),
+    (lambda: diagrams.kv_cache_diagram(2, 64, 4, prompt_len=True), "prompt_len must be an int in [0, 8], got True"),
+    (lambda: diagrams.gpt_diagram(GPTConfig(20, 32, 4, 2, 64, 16), T=17),
+     "T (at most the context max_len=16) must be an int in [1, 16], got 17"),
     (lambda: diagrams.qkv_diagram(9, 12, 4, query_index=9), "query_index (a position in [0, T)) must be an int in"),
     (lambda: diagrams.mask_diagram(4, 5), "length=5"),
     (lambda: diagrams.seq2seq_diagram(4, 3, weights=np.ones((4, 3))), "weights must have shape (T, S) = (3, 4)"),
@@ -136,7 +142,7 @@ def test_rope_panel_dot_products_are_equal():
     (lambda: diagrams.kv_cache_diagram(6, 64, 4, prompt_len=8), "do not fit"),
     (lambda: diagrams.rnn_vs_attention_path_diagram(3, tokens=["a"]), "tokens has 1 entries"),
     (lambda: diagrams.minilm_diagram(None), "d_model is missing"),
-    (lambda: diagrams.softmax_gradient_diagram(0), "d_k must be a positive integer"),
+    (lambda: diagrams.softmax_gradient_diagram(0), "d_k must be a positive int, got 0"),
     (lambda: diagrams.flash_tiles_diagram(1000, 100, 16, 8, 16), "do not fit the drawing"),
     (lambda: diagrams.flash_tiles_diagram(100, 100, 16, 24, 16, query_block=5), "query_block must be an int in [0, "),
 ])
