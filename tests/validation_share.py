@@ -1,10 +1,20 @@
 """How much of helpers/ is input checking: the share of code lines that validate (issue 29's measure).
 
 Code lines: lines of helpers/*.py (helpers/checks/ excluded: it is the exercise checker) that hold code,
-not a comment, a docstring or nothing. Validation lines: the lines of every ``raise`` statement, of
-every ``if`` block whose body only raises (its condition included), and of every statement that is a
-call to a checking function (a name starting with ``check_``, ``_check``, ``require_``, or one of
-helpers._validate's ``as_int``, ``positive_int``, ``positive_ints``, ``probability``).
+not a comment, a docstring or nothing. Validation lines:
+- the lines of every ``raise`` statement;
+- the lines of every ``if`` block whose body only raises (its condition and any ``else`` that only raises
+  included);
+- the lines of every statement that holds a call to a checking function anywhere inside it: the call
+  itself (``check_ids(ids, "ids", V)``), or a call inside an assignment, a tuple, an argument, a
+  conditional expression or a comprehension (``T, w = positive_int(T, "T"), 3``). For a compound
+  statement (``if``, ``for``, ``while``, ``with``, ``def``) only its header counts (the lines from its
+  keyword, or its first decorator, to the end of the expression that holds the call), and the statements
+  of its body are judged one by one.
+A checking function is one whose name starts with ``check_``, ``_check``, ``require_``, one of
+helpers._validate's ``as_int``, ``positive_int``, ``positive_ints``, ``probability``, or one of the private
+helpers below whose work is checking under another name (PRIVATE_CHECKERS). A call is matched by its
+name alone (``f(...)``, ``obj.f(...)``), wherever the function is defined.
 Run ``python tests/validation_share.py`` for the share and the files that check most.
 """
 
@@ -16,6 +26,13 @@ from pathlib import Path
 
 HELPERS = Path(__file__).resolve().parent.parent / "helpers"
 CHECKERS = {"as_int", "positive_int", "positive_ints", "probability"}
+# Private helpers that check under a name the prefixes miss; each returns what it checked, reshaped or filled in.
+PRIVATE_CHECKERS = {
+    "_heads",  # diagrams: d_model and n_heads positive, d_model divisible by n_heads; returns the head width
+    "_as_bhtt",  # heads: attention weights (B, H, T, T) or (H, T, T), square, floating; returns (B, H, T, T)
+    "_header_entry",  # pretrained: one safetensors header entry; returns its shape and offsets
+    "_triton_setup",  # flash: what the Triton kernels can run; returns the block sizes with defaults filled in
+}
 
 
 def is_checker(call) -> bool:
@@ -23,7 +40,7 @@ def is_checker(call) -> bool:
         return False
     f = call.func
     name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
-    return name in CHECKERS or name.startswith(("check_", "_check", "require_"))
+    return name in CHECKERS or name in PRIVATE_CHECKERS or name.startswith(("check_", "_check", "require_"))
 
 
 def lines_of(node) -> set[int]:
@@ -55,6 +72,23 @@ def only_raises(body) -> bool:
     return bool(body) and all(isinstance(stmt, ast.Raise) for stmt in body)
 
 
+def is_block(value) -> bool:
+    """Whether a field of a statement is a block of statements (a body, an orelse, handlers, match cases)."""
+    return isinstance(value, list) and any(isinstance(v, (ast.stmt, ast.excepthandler, ast.match_case))
+                                           for v in value)
+
+
+def checker_call_lines(stmt) -> set[int]:
+    """The lines of ``stmt`` that a call to a checking function inside it makes validation lines: the whole
+    statement for a simple one; for a compound one, its header up to the end of the expression holding the call."""
+    lines = set()
+    for value in (v for _, v in ast.iter_fields(stmt) if not is_block(v)):
+        for part in value if isinstance(value, list) else [value]:
+            if isinstance(part, ast.AST) and any(is_checker(n) for n in ast.walk(part)):
+                lines |= set(range(min(stmt.lineno, part.lineno), part.end_lineno + 1))  # decorators come first
+    return lines
+
+
 def validation_lines(tree) -> set[int]:
     lines = set()
     for node in ast.walk(tree):
@@ -62,8 +96,8 @@ def validation_lines(tree) -> set[int]:
             lines |= lines_of(node)
         elif isinstance(node, ast.If) and only_raises(node.body) and (not node.orelse or only_raises(node.orelse)):
             lines |= lines_of(node)
-        elif isinstance(node, (ast.Expr, ast.Assign, ast.AnnAssign, ast.Return)) and is_checker(node.value):
-            lines |= lines_of(node)
+        if isinstance(node, ast.stmt):
+            lines |= checker_call_lines(node)
     return lines
 
 
