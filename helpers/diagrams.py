@@ -435,9 +435,7 @@ def mask_diagram(T, length, tokens=None):
     from matplotlib.patches import Patch
 
     T = as_int(T, "T", 1, 24)
-    length = positive_int(length, "length")
-    if length > T:
-        raise ValueError(f"length={length} real tokens cannot exceed the padded length T={T}")
+    length = as_int(length, f"length (real tokens, at most the padded length T={T})", 1, T)
     labels = _labels("tokens", tokens, T, "{}") if tokens is None or len(tokens) == T else None
     if labels is None:
         labels = _labels("tokens", list(tokens) + ["<pad>"] * (T - len(tokens)), T, "{}")
@@ -912,9 +910,7 @@ def induction_circuit_diagram(config, tokens=None, prev_head=None, induction_hea
     sz = _sizes(config, d_model=None, n_heads=None)
     C, H, D = sz["d_model"], sz["n_heads"], sz["D"]
     tokens = ["A", "B", "C", "D", "A", "B", "C"] if tokens is None else [str(t) for t in tokens]
-    T = len(tokens)
-    if not 3 <= T <= 12:
-        raise ValueError(f"tokens has {T} entries; the diagram draws 3 to 12")
+    T = as_int(len(tokens), "len(tokens)", 3, 12)
     now = tokens[-1]
     earlier = [j for j in range(T - 2) if tokens[j] == now]
     if not earlier:

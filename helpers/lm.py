@@ -15,7 +15,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from helpers._validate import as_int, check_id_stream, positive_int, require_real, shape_str
+from helpers._validate import as_int, check_id_stream, positive_int, require_real
 
 LOG_FILE = "gpt_shakespeare_log.json"  # the training log of the course's checkpoint, in data/
 
@@ -34,9 +34,7 @@ def parameter_count(config) -> int:
 def random_windows(ids: torch.Tensor, block: int, batch_size: int, generator=None):
     """(x, y) of shape (batch_size, block): random windows of ids and the same shifted by one (lesson 12)."""
     block, batch_size = positive_int(block, "block"), positive_int(batch_size, "batch_size")
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() <= block:
-        raise ValueError(f"ids must be a 1-D tensor longer than block={block}, got "
-                         f"{shape_str(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__}")
+    check_id_stream(ids, "ids", min_len=block + 1)
     starts = torch.randint(0, ids.numel() - block, (batch_size,), generator=generator)  # (B,)
     offsets = starts[:, None] + torch.arange(block)  # (B, block)
     return ids[offsets], ids[offsets + 1]  # (B, block), (B, block)
@@ -84,8 +82,7 @@ def bits_per_char(model, ids: torch.Tensor, block: int | None = None, batch_size
     V, max_len = model.config.vocab_size, model.config.max_len
     block = max_len if block is None else block
     block = as_int(block, f"block (at most the model's context max_len={max_len})", 1, max_len)
-    batch_size = positive_int(batch_size, "batch_size")
-    check_id_stream(ids, "ids", V)
+    check_id_stream(ids, "ids", V)  # window_bits checks batch_size
     n = (ids.numel() - 1) // block * block  # tokens predicted by whole windows
     total, count = 0.0, 0
     if n:

@@ -135,7 +135,10 @@ def test_rope_panel_dot_products_are_equal():
     (lambda: diagrams.gpt_diagram(GPTConfig(20, 32, 4, 2, 64, 16), T=17),
      "T (at most the context max_len=16) must be an int in [1, 16], got 17"),
     (lambda: diagrams.qkv_diagram(9, 12, 4, query_index=9), "query_index (a position in [0, T)) must be an int in"),
-    (lambda: diagrams.mask_diagram(4, 5), "length=5"),
+    (lambda: diagrams.mask_diagram(4, 5), "length (real tokens, at most the padded length T=4) must be an int in "
+                                          "[1, 4], got 5"),
+    (lambda: diagrams.induction_circuit_diagram(GPTConfig(9, 24, 3, 1, 8, 8), tokens=list("ab")),
+     "len(tokens) must be an int in [3, 12], got 2"),
     (lambda: diagrams.seq2seq_diagram(4, 3, weights=np.ones((4, 3))), "weights must have shape (T, S) = (3, 4)"),
     (lambda: diagrams.positional_rotation_diagram(15), "d_model must be even"),
     (lambda: diagrams.pre_post_ln_diagram(d_model=32, n_heads=4), "d_ff is missing"),

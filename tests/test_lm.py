@@ -106,6 +106,10 @@ def test_windows():
     assert x[:, 0].tolist() == [0, 22, 44, 67, 89] and torch.equal(y, x + 1)  # the last window ends at id 99
     with pytest.raises(ValueError, match="at least 11 token ids"):
         lm.spaced_windows(torch.arange(10), 10, 2)
+    with pytest.raises(ValueError, match=r"ids must be a 1-D integer tensor of at least 11 token ids, got \(10\)"):
+        lm.random_windows(torch.arange(10), 10, 2)
+    with pytest.raises(ValueError, match=r"ids must be a 1-D integer tensor .* got \(100\) torch.float32"):
+        lm.random_windows(torch.arange(100.0), 10, 2)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"tie_weights": False}, {"n_kv_heads": 2}, {"n_kv_heads": 1}])
