@@ -5,7 +5,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from validation_share import code_lines, measure, share, validation_lines
+from validation_share import code_lines, measure, packed_raise_lines, share, validation_lines
 
 
 def test_the_measure_counts_raises_raising_ifs_and_checker_calls_only():
@@ -59,6 +59,21 @@ def test_the_measure_counts_checker_calls_inside_statements_and_headers_only():
     assert sorted(checks & code) == [3, 4, 5, 6, 9, 10, 12, 13, 17, 18]
 
 
+def test_rewrapping_counts_the_lines_a_raise_would_save_at_the_given_width():
+    source = textwrap.dedent('''
+        def f(x):
+            if x:
+                raise ValueError(
+                    "short"
+                )
+            raise TypeError("one line")
+    ''')
+    tree = ast.parse(source)
+    assert packed_raise_lines(source, tree) == 2  # three lines become one; the one-line raise saves nothing
+    joined = '        raise ValueError( "short" )'
+    assert packed_raise_lines(source, tree, width=len(joined) - 1) == 1  # one character too long: two lines
+
+
 def test_the_measure_of_a_file_adds_up():
     checked = measure([Path(__file__).with_name("validation_share.py")])
     assert list(checked) == ["validation_share.py"]
@@ -71,6 +86,7 @@ def test_the_measure_of_a_file_adds_up():
                                        "holding a checker call (in a tuple, an assignment, a setattr, a "
                                        "conditional) and the private checkers; it gave 17.3% when it counted only "
                                        "statements that are such a call, 18.7% at first when it counted them "
-                                       "all; the target is 15%")
+                                       "all; the target is 15%. Rewrapping every raise to 120 columns, every "
+                                       "check and message kept, would reach only 17.8%")
 def test_validation_is_at_most_15_percent_of_the_helpers_code():
     assert share(measure()) <= 0.15
